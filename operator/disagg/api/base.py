@@ -1,0 +1,107 @@
+"""Shared building blocks of the API models: camelCase wire names, strict fields, units.
+
+Every model forbids unknown fields, so a typo in a manifest is an error naming the field
+instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from disagg.api.rules import RuleChecked, add_rules_to_schema
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+DURATION_PATTERN = r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$"
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+QUANTITY_PATTERN = (
+    r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[kMGTPE]i?|[mkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+)
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+class ApiModel(RuleChecked):
+    """Base of every API model: camelCase on the wire, unknown fields rejected, CEL rules."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra=add_rules_to_schema,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The model as it appears in a manifest (camelCase, unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as ``250ms``, ``2s`` or ``1m30s``."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration such as '250ms', '2s' or '1m30s'")
+    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """A short human duration (``85ms``, ``1.2s``, ``3m``) for status and printer columns."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    return f"{seconds / 60:.3g}m"
+
+
+def _check_duration(value: object) -> object:
+    if isinstance(value, str):
+        parse_duration(value)
+    return value
+
+
+def parse_quantity(text: str) -> float:
+    """The value of a Kubernetes resource quantity (``16Gi``, ``500m``, ``2``)."""
+    if not _QUANTITY.fullmatch(text):
+        raise ValueError(f"{text!r} is not a Kubernetes quantity such as '16Gi' or '500m'")
+    for suffix, factor in _BINARY.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    if text[-1] in _DECIMAL:
+        return float(text[:-1]) * _DECIMAL[text[-1]]
+    return float(text)
+
+
+def _check_quantity(value: object) -> object:
+    if isinstance(value, str):
+        parse_quantity(value)
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a Kubernetes quantity such as '16Gi', '500m' or 2")
+    return value
+
+
+Duration = Annotated[
+    str,
+    BeforeValidator(_check_duration),
+    Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}),
+]
+"""A Go-style duration string; stored as written, compared with :func:`parse_duration`."""
+
+Quantity = Annotated[
+    str | int,
+    BeforeValidator(_check_quantity),
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+"""A Kubernetes resource quantity, as a string or an integer."""

@@ -1,0 +1,206 @@
+"""Generate the CustomResourceDefinition from the pydantic models.
+
+pydantic emits JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3.0 schema:
+no ``$ref``, no ``anyOf`` for optionals, ``x-kubernetes-int-or-string`` instead of
+``string | integer``, ``x-kubernetes-preserve-unknown-fields`` for free-form Kubernetes
+types. :func:`structural` does that translation; :func:`build_crd` wraps it in the CRD.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disagg.api.resource import (
+    API_VERSION,
+    CATEGORIES,
+    GROUP,
+    KIND,
+    METADATA_NAME_CEL,
+    METADATA_NAME_RULE_MESSAGE,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+)
+from disagg.api.spec import DisaggregatedModelSpec
+from disagg.api.status import DisaggregatedModelStatus
+
+Schema = dict[str, Any]
+
+_DROPPED_KEYS = {"title", "$defs"}
+
+
+def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**_resolve(target, defs), **{k: v for k, v in node.items() if k != "$ref"}}
+        return merged
+    return node
+
+
+def _strip_null(variants: list[Schema]) -> list[Schema]:
+    return [v for v in variants if v.get("type") != "null"]
+
+
+def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """Translate one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    node = _resolve(node, defs)
+    out: Schema = {}
+    if "anyOf" in node:
+        variants = _strip_null(node["anyOf"])
+        if node.get("x-kubernetes-int-or-string"):
+            out["x-kubernetes-int-or-string"] = True
+        elif len(variants) == 1:
+            out.update(structural(variants[0], defs))
+        else:
+            raise ValueError(f"cannot express anyOf {variants} structurally")
+    for key, value in node.items():
+        if key in _DROPPED_KEYS or key in {"anyOf", "$ref"}:
+            continue
+        if key == "properties":
+            out["properties"] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out["items"] = structural(value, defs)
+        elif key == "additionalProperties":
+            if value is False:
+                continue
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                out["additionalProperties"] = structural(value, defs)
+        elif key == "const":
+            out["enum"] = [value]
+        elif key == "default":
+            if value is not None and not isinstance(value, dict | list):
+                out["default"] = value
+        else:
+            out[key] = value
+    if out.get("x-kubernetes-int-or-string"):
+        for key in ("type", "pattern", "minLength", "maxLength"):
+            out.pop(key, None)
+    if out.get("type") == "object" and "properties" in out:
+        out.pop("additionalProperties", None)
+        _default_nested_objects(out, node, defs)
+    return _ordered(out)
+
+
+_FIRST_KEYS = ("type", "description", "default")
+
+
+def _ordered(node: Schema) -> Schema:
+    """Put type, description and default first so the generated YAML reads well."""
+    head = {key: node[key] for key in _FIRST_KEYS if key in node}
+    return {**head, **{k: v for k, v in node.items() if k not in head}}
+
+
+def _default_nested_objects(out: Schema, node: Schema, defs: dict[str, Schema]) -> None:
+    """Give non-optional nested objects ``default: {}`` so the API server defaults inside them.
+
+    Optional objects (pydantic default ``None``) stay absent: their presence means something.
+    """
+    required = set(node.get("required", []))
+    for name, sub in node.get("properties", {}).items():
+        resolved = _resolve(sub, defs)
+        is_model = "$ref" in sub and resolved.get("type") == "object"
+        optional = "anyOf" in sub or sub.get("default", "absent") is None
+        if is_model and not optional and name not in required:
+            out["properties"][name]["default"] = {}
+
+
+def model_schema(model: type[DisaggregatedModelSpec] | type[DisaggregatedModelStatus]) -> Schema:
+    """The structural schema of ``spec`` or ``status``."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return structural(raw, raw.get("$defs", {}))
+
+
+def _printer_columns() -> list[Schema]:
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return [
+        {"name": "Ready", "type": "string", "jsonPath": ready},
+        {
+            "name": "Prefill",
+            "type": "string",
+            "jsonPath": ".status.prefill.summary",
+            "description": "Prefill replicas, ready/desired",
+        },
+        {
+            "name": "Decode",
+            "type": "string",
+            "jsonPath": ".status.decode.summary",
+            "description": "Decode replicas, ready/desired",
+        },
+        {
+            "name": "TTFT",
+            "type": "string",
+            "jsonPath": ".status.metrics.ttftP99",
+            "description": "Time to first token, p99",
+        },
+        {
+            "name": "TPOT",
+            "type": "string",
+            "jsonPath": ".status.metrics.tpotP99",
+            "description": "Inter-token latency, p99",
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def build_crd() -> Schema:
+    """The CustomResourceDefinition object for DisaggregatedModel."""
+    spec_schema = model_schema(DisaggregatedModelSpec)
+    status_schema = model_schema(DisaggregatedModelStatus)
+    root: Schema = {
+        "type": "object",
+        "description": "A model served by separate prefill and decode GPU pools with KV-cache "
+        "transfer between them, a router in front, and SLO-driven autoscaling.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": [
+            {"rule": METADATA_NAME_CEL, "message": f"metadata.name {METADATA_NAME_RULE_MESSAGE}"}
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{GROUP}",
+            "labels": {
+                "app.kubernetes.io/name": "disagg-operator",
+                "app.kubernetes.io/part-of": "disagg",
+            },
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _printer_columns(),
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+CRD_FILE_NAME = f"{PLURAL}.{GROUP}.yaml"
+CRD_HEADER = (
+    f"# GENERATED by `disagg crds` from operator/disagg/api: DO NOT EDIT.\n# {API_VERSION} {KIND}\n"
+)

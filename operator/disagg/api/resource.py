@@ -1,0 +1,135 @@
+"""The DisaggregatedModel resource as a whole, and turning a manifest into it.
+
+:func:`parse_model` is the one entry point for untrusted input (a file, a watch event): it
+returns the typed model or raises :class:`ManifestError` whose lines each name a field path
+and what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from disagg.api.spec import DisaggregatedModelSpec
+from disagg.api.status import DisaggregatedModelStatus
+
+GROUP: Final = "disagg.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "DisaggregatedModel"
+PLURAL: Final = "disaggregatedmodels"
+SINGULAR: Final = "disaggregatedmodel"
+SHORT_NAMES: Final = ("dm",)
+CATEGORIES: Final = ("disagg",)
+
+NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX_LENGTH: Final = 63
+
+
+class Metadata(BaseModel):
+    """The parts of ObjectMeta the operator reads; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    name: str
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class DisaggregatedModel(BaseModel):
+    """One DisaggregatedModel object: metadata, spec and (optionally) status."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    metadata: Metadata
+    spec: DisaggregatedModelSpec
+    status: DisaggregatedModelStatus | None = None
+
+
+class ManifestError(ValueError):
+    """A manifest that is not a valid DisaggregatedModel; ``problems`` name each field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _camel_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
+    """One line per problem: ``<field path>: <what is wrong>``."""
+    lines = []
+    for item in error.errors():
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
+        path = _camel_path(loc)
+        ctx = item.get("ctx") or {}
+        if item["type"] == "rule":
+            path += str(ctx.get("field_path", ""))
+            message = f"{item['msg']} (rule: {ctx.get('rule', '')})"
+        elif item["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        else:
+            message = item["msg"]
+            if "input" in item and not isinstance(item["input"], dict | list):
+                message += f" (got {item['input']!r})"
+        full = ".".join(p for p in (prefix, path) if p)
+        lines.append(f"{full or '<root>'}: {message}")
+    return lines
+
+
+def parse_model(manifest: object) -> DisaggregatedModel:
+    """Validate a manifest (a parsed YAML/JSON document) into a :class:`DisaggregatedModel`."""
+    if not isinstance(manifest, dict):
+        raise ManifestError([f"<root>: expected a mapping, got {type(manifest).__name__}"])
+    problems = []
+    if manifest.get("apiVersion") != API_VERSION:
+        problems.append(f"apiVersion: expected {API_VERSION!r}, got {manifest.get('apiVersion')!r}")
+    if manifest.get("kind") != KIND:
+        problems.append(f"kind: expected {KIND!r}, got {manifest.get('kind')!r}")
+    metadata = manifest.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        problems.append("metadata.name: required field is missing")
+    elif len(name) > NAME_MAX_LENGTH or not re.fullmatch(NAME_PATTERN, name):
+        problems.append(f"metadata.name: {METADATA_NAME_RULE_MESSAGE} (got {name!r})")
+    if problems:
+        raise ManifestError(problems)
+    try:
+        return DisaggregatedModel.model_validate(manifest)
+    except ValidationError as error:
+        raise ManifestError(format_validation_error(error)) from error
+
+
+METADATA_NAME_RULE_MESSAGE: Final = (
+    "must be a DNS-1035 label of at most 63 characters (lowercase letters, digits and '-', "
+    "starting with a letter): it names Services"
+)
+METADATA_NAME_CEL: Final = (
+    f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && "
+    f"self.metadata.name.matches('{NAME_PATTERN}')"
+)
+
+
+def spec_from_dict(spec: dict[str, Any]) -> DisaggregatedModelSpec:
+    """Validate only a ``spec`` mapping (errors are prefixed with ``spec``)."""
+    try:
+        return DisaggregatedModelSpec.model_validate(spec)
+    except ValidationError as error:
+        raise ManifestError(format_validation_error(error, prefix="spec")) from error

@@ -1,0 +1,136 @@
+"""The ``disagg`` command line: render, validate, crds, and the long-running components.
+
+Every failure the user can cause (a missing file, bad YAML, an invalid manifest, a bad flag)
+ends with a one-line-per-problem message on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from disagg import __version__
+from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
+from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.render import RenderContext, render_all
+from disagg.yamlio import dump, dump_all, load_all
+
+
+class CliError(Exception):
+    """A user-facing failure: printed as is, exit code 1."""
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise CliError(f"{path}: no such file") from error
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise CliError(f"{path}: cannot read: {error}") from error
+
+
+def load_models(path: str) -> list[DisaggregatedModel]:
+    """Every DisaggregatedModel in a YAML file, or a CliError naming each problem."""
+    text = _read_text(path)
+    try:
+        documents = load_all(text)
+    except yaml.YAMLError as error:
+        raise CliError(f"{path}: not valid YAML: {error}") from error
+    if not documents:
+        raise CliError(f"{path}: no YAML documents found")
+    models, problems = [], []
+    for index, document in enumerate(documents):
+        label = f"{path}" if len(documents) == 1 else f"{path} (document {index + 1})"
+        try:
+            models.append(parse_model(document))
+        except ManifestError as error:
+            problems += [f"{label}: {line}" for line in error.problems]
+    if problems:
+        raise CliError("\n".join(problems))
+    return models
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    models = load_models(args.file)
+    objects = [obj for model in models for obj in render_all(RenderContext(model))]
+    sys.stdout.write(dump_all(objects))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    models = load_models(args.file)
+    for model in models:
+        print(f"{args.file}: {model.metadata.namespace}/{model.metadata.name}: valid")
+    return 0
+
+
+def cmd_crds(args: argparse.Namespace) -> int:
+    text = CRD_HEADER + dump(build_crd())
+    if args.output_dir is None:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CRD_FILE_NAME).write_text(text, encoding="utf-8")
+    print(f"wrote {out / CRD_FILE_NAME}")
+    return 0
+
+
+def _add_file_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-f", "--file", required=True, help="manifest with DisaggregatedModel(s), or - for stdin"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="disagg", description="Prefill/decode disaggregated LLM serving on Kubernetes."
+    )
+    parser.add_argument("--version", action="version", version=f"disagg {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render = sub.add_parser("render", help="print the Kubernetes objects a model becomes")
+    _add_file_arg(render)
+    render.set_defaults(func=cmd_render)
+
+    validate = sub.add_parser("validate", help="check manifests against the API and its rules")
+    _add_file_arg(validate)
+    validate.set_defaults(func=cmd_validate)
+
+    crds = sub.add_parser("crds", help="print (or write) the generated CRD")
+    crds.add_argument("--output-dir", help="write <dir>/" + CRD_FILE_NAME + " instead of stdout")
+    crds.set_defaults(func=cmd_crds)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
+_EXTRA_COMMANDS: list[Callable[..., None]] = []
+"""Registrars of subcommands that live in their own modules (dev, run, router, sim)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``disagg`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except CliError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Pure rendering: a DisaggregatedModel becomes the list of its desired child objects.
+
+No I/O here (an import-linter contract enforces it): the same input always yields the same
+objects in the same order, so ``disagg render`` output is byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+from disagg.render.common import Manifest, RenderContext, owner_references
+from disagg.render.router import render_router_deployment, render_router_rbac, router_endpoint
+from disagg.render.services import render_pool_pdb, render_pool_service, render_router_service
+from disagg.render.workers import render_pool
+
+ROLES = ("prefill", "decode")
+
+
+def render_all(ctx: RenderContext) -> list[Manifest]:
+    """Every child the model wants, dependencies first (RBAC, Services, then workloads)."""
+    router_on = ctx.model.spec.router.enabled
+    objects: list[Manifest] = []
+    if router_on:
+        objects += render_router_rbac(ctx)
+    objects += [render_pool_service(ctx, "prefill"), render_pool_service(ctx, "decode")]
+    if router_on:
+        objects.append(render_router_service(ctx))
+    objects += [render_pool_pdb(ctx, "prefill"), render_pool_pdb(ctx, "decode")]
+    objects += [render_pool(ctx, "prefill"), render_pool(ctx, "decode")]
+    if router_on:
+        objects.append(render_router_deployment(ctx))
+    return objects
+
+
+__all__ = [
+    "ROLES",
+    "Manifest",
+    "RenderContext",
+    "owner_references",
+    "render_all",
+    "router_endpoint",
+]

@@ -1,0 +1,58 @@
+"""What every rendered child shares: the owner reference, metadata, the render context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from disagg.api.resource import API_VERSION, KIND, DisaggregatedModel
+from disagg.naming import ComponentRole, labels
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RenderContext:
+    """The model plus what the operator knows that the spec does not say.
+
+    ``replicas`` overrides a pool's size (the autoscaler's decision); without it the
+    Deployment gets ``spec.<pool>.replicas``, clamped to the autoscaling bounds when
+    autoscaling is on.
+    """
+
+    model: DisaggregatedModel
+    replicas: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.model.metadata.name
+
+    @property
+    def namespace(self) -> str:
+        return self.model.metadata.namespace
+
+
+def owner_references(model: DisaggregatedModel) -> list[Manifest]:
+    """The controller reference to the model, or none when it has no uid (offline render)."""
+    uid = model.metadata.uid
+    if not uid:
+        return []
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": model.metadata.name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def object_meta(ctx: RenderContext, name: str, role: ComponentRole) -> Manifest:
+    """metadata of a child object: name, namespace, labels, owner."""
+    meta: Manifest = {"name": name, "namespace": ctx.namespace, "labels": labels(ctx.name, role)}
+    owners = owner_references(ctx.model)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta

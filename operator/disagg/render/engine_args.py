@@ -1,0 +1,238 @@
+"""The exact engine command line and environment of each pool, for vLLM and SGLang.
+
+Only flags and ``--kv-transfer-config`` keys that the pinned engines accept are emitted: vLLM
+0.33 rejects unknown KV-transfer keys (``kv_rank``, ``kv_parallel_size``, ``kv_ip``,
+``kv_buffer_size``) at startup, so they never appear here.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Final
+
+from disagg.api.spec import DisaggregatedModelSpec, EnvVar, Role
+
+VLLM_PORT: Final = 8000
+SGLANG_PORT: Final = 30000
+NIXL_SIDE_CHANNEL_PORT: Final = 5600
+BOOTSTRAP_PORT: Final = 8998
+"""Mooncake (vLLM) and SGLang bootstrap server port, served by prefill."""
+MODEL_MOUNT: Final = "/models"
+
+_VLLM_CONNECTORS: Final = {
+    "nixl": "NixlConnector",
+    "mooncake": "MooncakeConnector",
+    "lmcache": "LMCacheConnectorV1",
+}
+_KV_ROLES: Final = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@dataclass(frozen=True)
+class ContainerPort:
+    """A port the engine container listens on."""
+
+    name: str
+    port: int
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything the engine container of one pool needs to start."""
+
+    argv: list[str]
+    env: list[dict[str, Any]]
+    ports: list[ContainerPort]
+    http_port: int
+    pod_annotations: dict[str, str]
+
+
+def engine_port(spec: DisaggregatedModelSpec) -> int:
+    """The OpenAI-compatible HTTP port of the engine."""
+    return VLLM_PORT if spec.engine.backend == "vllm" else SGLANG_PORT
+
+
+def model_argument(spec: DisaggregatedModelSpec) -> str:
+    """The model string both pools pass to the engine (it must be identical in both)."""
+    if spec.model.source.pvc is not None:
+        return posixpath.join(MODEL_MOUNT, spec.model.name.lstrip("/"))
+    return spec.model.name
+
+
+def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
+    """vLLM ``--kv-transfer-config`` of one pool; only keys vLLM 0.33 accepts."""
+    connector = spec.engine.kv_connector
+    config: dict[str, Any] = {
+        "kv_connector": _VLLM_CONNECTORS[connector],
+        "kv_role": _KV_ROLES[role],
+    }
+    if connector == "nixl":
+        config["kv_buffer_device"] = "cuda"
+        config["kv_connector_extra_config"] = {"backends": ["UCX"]}
+    elif connector == "mooncake":
+        protocol = "rdma" if spec.network.transport == "rdma" else "tcp"
+        extra: dict[str, Any] = {"mooncake_protocol": protocol}
+        rdma = spec.network.rdma_or_default
+        if rdma is not None and rdma.ucx_devices:
+            extra["device_name"] = ",".join(d.split(":")[0] for d in rdma.ucx_devices)
+        config["kv_connector_extra_config"] = extra
+    else:
+        rpc_port = "producer1" if role == "prefill" else "consumer1"
+        config["kv_connector_extra_config"] = {
+            "discard_partial_chunks": False,
+            "lmcache_rpc_port": rpc_port,
+        }
+    return config
+
+
+def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
+    pool = spec.pool(role)
+    argv = [
+        "vllm", "serve", model_argument(spec),
+        "--host", "0.0.0.0",
+        "--port", str(VLLM_PORT),
+        "--served-model-name", spec.served_name,
+        "--tensor-parallel-size", str(pool.tensor_parallel_size),
+    ]  # fmt: skip
+    if pool.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(pool.data_parallel_size)]
+    if pool.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    if pool.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(pool.max_num_seqs)]
+    if spec.model.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.model.max_model_len)]
+    if spec.engine.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", spec.engine.kv_cache_dtype]
+    hf = spec.model.source.hugging_face
+    if hf is not None and hf.revision:
+        argv += ["--revision", hf.revision]
+    config = json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
+    argv += ["--kv-transfer-config", config]
+    argv += ["--disable-access-log-for-endpoints", "/health,/metrics"]
+    return argv
+
+
+def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
+    pool = spec.pool(role)
+    backend = "nixl" if spec.engine.kv_connector == "nixl" else "mooncake"
+    if backend == "mooncake" and spec.network.transport == "tcp":
+        backend = "mooncake_tcp"
+    argv = [
+        "python3", "-m", "sglang.launch_server",
+        "--model-path", model_argument(spec),
+        "--host", "0.0.0.0",
+        "--port", str(SGLANG_PORT),
+        "--served-model-name", spec.served_name,
+        "--tp-size", str(pool.tensor_parallel_size),
+    ]  # fmt: skip
+    if pool.data_parallel_size > 1:
+        argv += ["--dp-size", str(pool.data_parallel_size)]
+    argv += [
+        "--disaggregation-mode", role,
+        "--disaggregation-transfer-backend", backend,
+    ]  # fmt: skip
+    if role == "prefill":
+        argv += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
+    rdma = spec.network.rdma_or_default
+    if rdma is not None and rdma.ucx_devices:
+        argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in rdma.ucx_devices)]
+    if pool.max_num_batched_tokens is not None:
+        argv += ["--chunked-prefill-size", str(pool.max_num_batched_tokens)]
+    if pool.max_num_seqs is not None:
+        argv += ["--max-running-requests", str(pool.max_num_seqs)]
+    if spec.model.max_model_len is not None:
+        argv += ["--context-length", str(spec.model.max_model_len)]
+    if spec.engine.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", spec.engine.kv_cache_dtype]
+    hf = spec.model.source.hugging_face
+    if hf is not None and hf.revision:
+        argv += ["--revision", hf.revision]
+    argv += ["--enable-metrics"]
+    return argv
+
+
+def _pod_ip(name: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+
+
+def _user_env(items: list[EnvVar]) -> list[dict[str, Any]]:
+    return [item.to_wire() for item in items]
+
+
+def _merge_env(*groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Later groups override earlier ones by name; order of first appearance is kept."""
+    merged: dict[str, dict[str, Any]] = {}
+    for group in groups:
+        for item in group:
+            merged[item["name"]] = item
+    return list(merged.values())
+
+
+def _transport_env(spec: DisaggregatedModelSpec) -> list[dict[str, Any]]:
+    rdma = spec.network.rdma_or_default
+    env: list[dict[str, Any]] = [{"name": "DISAGG_TRANSPORT", "value": spec.network.transport}]
+    if rdma is None:
+        return env
+    env.append({"name": "DISAGG_RDMA_TCP_FALLBACK", "value": str(rdma.allow_tcp_fallback).lower()})
+    if rdma.ucx_devices:
+        env.append({"name": "UCX_NET_DEVICES", "value": ",".join(rdma.ucx_devices)})
+    if rdma.gid_index is not None:
+        env.append({"name": "UCX_IB_GID_INDEX", "value": str(rdma.gid_index)})
+    return env
+
+
+def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
+    """The argv, environment, ports and pod annotations of one pool's engine."""
+    pool = spec.pool(role)
+    vllm = spec.engine.backend == "vllm"
+    port = engine_port(spec)
+    argv = _vllm_argv(spec, role) if vllm else _sglang_argv(spec, role)
+    argv += [*spec.engine.extra_args, *pool.extra_args]
+    base_env: list[dict[str, Any]] = [
+        {"name": "DISAGG_ROLE", "value": role},
+        {"name": "DISAGG_BACKEND", "value": spec.engine.backend},
+        {"name": "DISAGG_KV_CONNECTOR", "value": spec.engine.kv_connector},
+        _pod_ip("POD_IP"),
+    ]
+    ports = [ContainerPort("http", port)]
+    annotations: dict[str, str] = {}
+    if vllm:
+        # The NIXL side channel is announced to decode in kv_transfer_params.remote_host.
+        base_env += [
+            _pod_ip("VLLM_NIXL_SIDE_CHANNEL_HOST"),
+            {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
+        ]
+        if spec.engine.kv_connector == "nixl":
+            ports += [
+                ContainerPort(
+                    "nixl" if rank == 0 else f"nixl-{rank}", NIXL_SIDE_CHANNEL_PORT + rank
+                )
+                for rank in range(pool.data_parallel_size)
+            ]
+        if spec.engine.kv_connector == "mooncake" and role == "prefill":
+            base_env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(BOOTSTRAP_PORT)})
+            ports.append(ContainerPort("bootstrap", BOOTSTRAP_PORT))
+    else:
+        base_env.append(_pod_ip("SGLANG_HOST_IP"))
+        if role == "prefill":
+            ports.append(ContainerPort("bootstrap", BOOTSTRAP_PORT))
+            annotations["sglang.ai/bootstrap-port"] = str(BOOTSTRAP_PORT)
+    hf = spec.model.source.hugging_face
+    if spec.model.source.pvc is None:
+        base_env.append({"name": "HF_HOME", "value": "/cache/huggingface"})
+        if hf is not None and hf.token_secret_ref is not None:
+            ref = hf.token_secret_ref
+            base_env.append(
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+                }
+            )
+    env = _merge_env(
+        base_env, _transport_env(spec), _user_env(spec.engine.env), _user_env(pool.env)
+    )
+    return EngineLaunch(
+        argv=argv, env=env, ports=ports, http_port=port, pod_annotations=annotations
+    )

@@ -1,0 +1,121 @@
+"""The router: its Deployment, ServiceAccount and the Role that lets it watch pool pods."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from disagg.naming import child_name, labels, pool_selector, router_service_account, selector_labels
+from disagg.render.common import Manifest, RenderContext, object_meta
+from disagg.versions import DEFAULT_ROUTER_IMAGE
+
+_DEFAULT_RESOURCES: Final[Manifest] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def router_endpoint(ctx: RenderContext) -> str:
+    """In-cluster base URL of the model's OpenAI-compatible API."""
+    port = ctx.model.spec.router.port
+    return f"http://{child_name(ctx.name, 'router')}.{ctx.namespace}.svc:{port}/v1"
+
+
+def router_args(ctx: RenderContext) -> list[str]:
+    """Command-line arguments of ``disagg router`` for this model."""
+    spec = ctx.model.spec
+    return [
+        "--host", "0.0.0.0",
+        "--port", str(spec.router.port),
+        "--served-model-name", spec.served_name,
+        "--backend", spec.engine.backend,
+        "--discover",
+        "--namespace", ctx.namespace,
+        "--prefill-selector", pool_selector(ctx.name, "prefill"),
+        "--decode-selector", pool_selector(ctx.name, "decode"),
+        "--pd-threshold", str(spec.router.prefill_threshold_tokens),
+        "--policy", spec.router.policy,
+    ]  # fmt: skip
+
+
+def _resources(ctx: RenderContext) -> Manifest:
+    user = ctx.model.spec.router.resources
+    if not user.requests and not user.limits:
+        return {k: dict(v) for k, v in _DEFAULT_RESOURCES.items()}
+    resources: Manifest = {}
+    if user.requests:
+        resources["requests"] = dict(user.requests)
+    if user.limits:
+        resources["limits"] = dict(user.limits)
+    return resources
+
+
+def _probe(period: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def render_router_deployment(ctx: RenderContext) -> Manifest:
+    """The router Deployment."""
+    spec = ctx.model.spec
+    container: Manifest = {
+        "name": "router",
+        "image": spec.router.image or DEFAULT_ROUTER_IMAGE,
+        "command": ["disagg", "router"],
+        "args": router_args(ctx),
+        "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
+        "resources": _resources(ctx),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 3),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(ctx, child_name(ctx.name, "router"), "router"),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": selector_labels(ctx.name, "router")},
+            "template": {
+                "metadata": {"labels": labels(ctx.name, "router")},
+                "spec": {
+                    "serviceAccountName": router_service_account(ctx.name),
+                    "enableServiceLinks": False,
+                    "containers": [container],
+                },
+            },
+        },
+    }
+
+
+def render_router_rbac(ctx: RenderContext) -> list[Manifest]:
+    """ServiceAccount, Role (read pods) and RoleBinding the router needs for discovery."""
+    name = router_service_account(ctx.name)
+    meta = object_meta(ctx, name, "router")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}],
+        },
+    ]

@@ -1,0 +1,155 @@
+"""The prefill and decode Deployments: GPU engine pods wired for KV-cache transfer."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from disagg.api.spec import DisaggregatedModelSpec, Role
+from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
+from disagg.render.common import Manifest, RenderContext, object_meta
+from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
+from disagg.versions import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
+
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+LAUNCHER: Final = ["disagg", "engine", "launch", "--"]
+TERMINATION_GRACE_SECONDS: Final = 120
+STARTUP_BUDGET_SECONDS: Final = 1800
+"""Model download and load can take many minutes; the startup probe waits this long."""
+
+
+def engine_image(spec: DisaggregatedModelSpec) -> str:
+    """The engine image in force (the bundled one of the backend unless overridden)."""
+    if spec.engine.image:
+        return spec.engine.image
+    return DEFAULT_VLLM_IMAGE if spec.engine.backend == "vllm" else DEFAULT_SGLANG_IMAGE
+
+
+def pool_replicas(ctx: RenderContext, role: Role) -> int:
+    """Replicas the pool's Deployment gets in this render."""
+    spec = ctx.model.spec
+    pool = spec.pool(role)
+    if not spec.autoscaling.enabled:
+        return pool.replicas
+    bounds = pool.autoscaling
+    wanted = ctx.replicas.get(role, pool.replicas)
+    return max(bounds.min_replicas, min(bounds.max_replicas, wanted))
+
+
+def _resources(spec: DisaggregatedModelSpec, role: Role) -> Manifest:
+    pool = spec.pool(role)
+    extended: dict[str, Any] = {GPU_RESOURCE: str(pool.gpus)}
+    rdma = spec.network.rdma_or_default
+    if rdma is not None:
+        extended[rdma.resource_name] = str(rdma.resource_count)
+    # Extended resources must be equal in requests and limits.
+    requests = {**pool.resources.requests, **extended}
+    limits = {**pool.resources.limits, **extended}
+    return {"requests": requests, "limits": limits}
+
+
+def _probe(path: str, period: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _volumes(spec: DisaggregatedModelSpec) -> tuple[list[Manifest], list[Manifest]]:
+    volumes: list[Manifest] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.network.shm_size}},
+    ]
+    mounts: list[Manifest] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    pvc = spec.model.source.pvc
+    if pvc is not None:
+        volumes.append(
+            {
+                "name": "models",
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True})
+    else:
+        volumes.append({"name": "cache", "emptyDir": {}})
+        mounts.append({"name": "cache", "mountPath": "/cache"})
+    return volumes, mounts
+
+
+def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -> Manifest:
+    container: Manifest = {
+        "name": "engine",
+        "image": engine_image(spec),
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": LAUNCHER,
+        "args": launch.argv,
+        "ports": [
+            {"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in launch.ports
+        ],
+        "env": launch.env,
+        "resources": _resources(spec, role),
+        "startupProbe": _probe("/health", 10, STARTUP_BUDGET_SECONDS // 10),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 10, 6),
+    }
+    if spec.network.transport == "rdma":
+        # IPC_LOCK lifts RLIMIT_MEMLOCK for verbs memory registration (ib_umem_get).
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return container
+
+
+def _pod_annotations(spec: DisaggregatedModelSpec, launch: EngineLaunch) -> dict[str, str]:
+    annotations = dict(launch.pod_annotations)
+    rdma = spec.network.rdma_or_default
+    if rdma is not None and rdma.networks and not rdma.host_network:
+        annotations[MULTUS_ANNOTATION] = ", ".join(rdma.networks)
+    return annotations
+
+
+def render_pool(ctx: RenderContext, role: Role) -> Manifest:
+    """The Deployment of one pool."""
+    spec = ctx.model.spec
+    pool = spec.pool(role)
+    launch = engine_launch(spec, role)
+    volumes, mounts = _volumes(spec)
+    container = _container(spec, role, launch)
+    container["volumeMounts"] = mounts
+    pod_spec: Manifest = {
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    rdma = spec.network.rdma_or_default
+    if rdma is not None and rdma.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    if pool.affinity:
+        pod_spec["affinity"] = pool.affinity
+    if pool.tolerations:
+        pod_spec["tolerations"] = list(pool.tolerations)
+    if pool.priority_class_name:
+        pod_spec["priorityClassName"] = pool.priority_class_name
+    template_meta: Manifest = {"labels": labels(ctx.name, role)}
+    annotations = _pod_annotations(spec, launch)
+    if annotations:
+        template_meta["annotations"] = annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(ctx, child_name(ctx.name, role), role),
+        "spec": {
+            "replicas": pool_replicas(ctx, role),
+            "selector": {"matchLabels": selector_labels(ctx.name, role)},
+            # Surge one pod at a time and never drop below the desired ready count.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "revisionHistoryLimit": 5,
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }

@@ -1,0 +1,327 @@
+"""Rendering: what a model becomes, checked field by field."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from conftest import ROOT, example_paths, load_example
+from disagg.api import parse_model
+from disagg.render import RenderContext, render_all
+from disagg.yamlio import dump_all
+
+GOLDEN = ROOT / "tests" / "golden"
+FORBIDDEN_KV_KEYS = {"kv_rank", "kv_parallel_size", "kv_ip", "kv_buffer_size"}
+
+
+def _render(
+    manifest: dict[str, Any], uid: str | None = "uid-1", **replicas: int
+) -> list[dict[str, Any]]:
+    manifest = {**manifest, "metadata": {**manifest["metadata"]}}
+    if uid:
+        manifest["metadata"]["uid"] = uid
+    return render_all(RenderContext(parse_model(manifest), replicas=replicas))
+
+
+def _get(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name} rendered {len(matches)} times"
+    return matches[0]
+
+
+def _engine(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    container: dict[str, Any] = _get(objects, "Deployment", name)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    return container
+
+
+def _flag(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.stem)
+def test_examples_match_golden_files(path: Any) -> None:
+    import yaml
+
+    manifest = yaml.safe_load(path.read_text())
+    rendered = dump_all(_render(manifest, uid="00000000-0000-0000-0000-000000000001"))
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.read_text() == rendered, f"run UPDATE_GOLDEN=1 pytest {__file__}"
+
+
+def test_render_is_deterministic() -> None:
+    manifest = load_example("llama-8b-nixl-rdma")
+    assert dump_all(_render(manifest)) == dump_all(_render(manifest))
+
+
+def test_children_kinds_and_names() -> None:
+    objects = _render(load_example("minimal"))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ServiceAccount", "qwen-small-router"),
+        ("Role", "qwen-small-router"),
+        ("RoleBinding", "qwen-small-router"),
+        ("Service", "qwen-small-prefill"),
+        ("Service", "qwen-small-decode"),
+        ("Service", "qwen-small-router"),
+        ("PodDisruptionBudget", "qwen-small-prefill"),
+        ("PodDisruptionBudget", "qwen-small-decode"),
+        ("Deployment", "qwen-small-prefill"),
+        ("Deployment", "qwen-small-decode"),
+        ("Deployment", "qwen-small-router"),
+    ]
+
+
+def test_every_child_is_owned_labelled_and_in_the_model_namespace() -> None:
+    objects = _render(load_example("llama-8b-nixl-rdma"))
+    for obj in objects:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "inference"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "disagg.dev/v1alpha1",
+                "kind": "DisaggregatedModel",
+                "name": "llama-8b",
+                "uid": "uid-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        labels = meta["labels"]
+        assert labels["disagg.dev/model"] == "llama-8b"
+        assert labels["app.kubernetes.io/managed-by"] == "disagg-operator"
+        assert labels["app.kubernetes.io/instance"] == "llama-8b"
+        assert labels["disagg.dev/role"] in {"prefill", "decode", "router"}
+        assert labels["app.kubernetes.io/component"] == labels["disagg.dev/role"]
+
+
+def test_offline_render_without_uid_has_no_owner_reference() -> None:
+    objects = _render(load_example("minimal"), uid=None)
+    assert all("ownerReferences" not in o["metadata"] for o in objects)
+
+
+def test_vllm_nixl_argv_per_role() -> None:
+    objects = _render(load_example("llama-8b-nixl-rdma"))
+    for name, role in (("llama-8b-prefill", "kv_producer"), ("llama-8b-decode", "kv_consumer")):
+        container = _engine(objects, name)
+        assert container["command"] == ["disagg", "engine", "launch", "--"]
+        argv = container["args"]
+        assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+        assert _flag(argv, "--port") == "8000"
+        assert _flag(argv, "--served-model-name") == "llama-3.1-8b"
+        assert _flag(argv, "--tensor-parallel-size") == "1"
+        assert _flag(argv, "--max-model-len") == "32768"
+        config = json.loads(_flag(argv, "--kv-transfer-config") or "{}")
+        assert config == {
+            "kv_connector": "NixlConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cuda",
+            "kv_connector_extra_config": {"backends": ["UCX"]},
+        }
+    prefill = _engine(objects, "llama-8b-prefill")["args"]
+    decode = _engine(objects, "llama-8b-decode")["args"]
+    assert _flag(prefill, "--max-num-batched-tokens") == "16384"
+    assert _flag(decode, "--max-num-batched-tokens") == "512"
+    assert _flag(decode, "--max-num-seqs") == "256"
+
+
+@pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.stem)
+def test_no_rejected_kv_transfer_keys(path: Any) -> None:
+    import yaml
+
+    for obj in _render(yaml.safe_load(path.read_text())):
+        if obj["kind"] != "Deployment" or obj["metadata"]["labels"]["disagg.dev/role"] == "router":
+            continue
+        argv = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+        config = _flag(argv, "--kv-transfer-config")
+        if config is not None:
+            assert not FORBIDDEN_KV_KEYS & set(json.loads(config))
+
+
+def test_nixl_side_channel_env_and_ports() -> None:
+    container = _engine(_render(load_example("llama-8b-nixl-rdma")), "llama-8b-prefill")
+    env = _env(container)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert env["DISAGG_ROLE"] == "prefill"
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8000, "nixl": 5600}
+
+
+def test_data_parallel_exposes_one_side_channel_port_per_rank() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["decode"] = {"dataParallelSize": 4, "tensorParallelSize": 2}
+    container = _engine(_render(manifest), "qwen-small-decode")
+    assert _flag(container["args"], "--data-parallel-size") == "4"
+    assert [p["containerPort"] for p in container["ports"]] == [8000, 5600, 5601, 5602, 5603]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_rdma_pod_wiring() -> None:
+    objects = _render(load_example("llama-8b-nixl-rdma"))
+    deployment = _get(objects, "Deployment", "llama-8b-decode")
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-rdma-net"
+    container = pod["spec"]["containers"][0]
+    for side in ("requests", "limits"):
+        assert container["resources"][side]["rdma/ib"] == "1"
+        assert container["resources"][side]["nvidia.com/gpu"] == "1"
+    assert container["resources"]["requests"]["memory"] == "64Gi"
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = _env(container)
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1"
+    assert "UCX_TLS" not in env
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["spec"]["enableServiceLinks"] is False
+
+
+def test_rdma_without_devices_leaves_ucx_to_autodetect() -> None:
+    env = _env(_engine(_render(load_example("minimal")), "qwen-small-prefill"))
+    assert "UCX_NET_DEVICES" not in env and "UCX_TLS" not in env
+    assert env["DISAGG_TRANSPORT"] == "rdma"
+
+
+def test_tcp_transport_has_no_rdma_wiring() -> None:
+    objects = _render(load_example("tcp-dev"))
+    pod = _get(objects, "Deployment", "dev-tcp-prefill")["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert "annotations" not in pod["metadata"]
+    assert "securityContext" not in container
+    assert set(container["resources"]["limits"]) == {"nvidia.com/gpu"}
+    assert not any(k.startswith("UCX_") for k in _env(container))
+
+
+def test_70b_heterogeneous_tp_gpus_and_scheduling() -> None:
+    objects = _render(load_example("llama-70b-tp4-tp8"))
+    prefill = _get(objects, "Deployment", "llama-70b-prefill")["spec"]["template"]["spec"]
+    decode = _get(objects, "Deployment", "llama-70b-decode")["spec"]["template"]["spec"]
+    assert prefill["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert decode["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert _flag(prefill["containers"][0]["args"], "--tensor-parallel-size") == "4"
+    assert _flag(decode["containers"][0]["args"], "--tensor-parallel-size") == "8"
+    assert _flag(decode["containers"][0]["args"], "--kv-cache-dtype") == "fp8"
+    assert prefill["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert prefill["priorityClassName"] == "inference-critical"
+    assert prefill["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # Both pools load the same path from the PVC (the NIXL compatibility hash includes it).
+    assert (
+        prefill["containers"][0]["args"][2]
+        == decode["containers"][0]["args"][2]
+        == "/models/llama-3.1-70b-instruct"
+    )
+    assert {
+        "name": "models",
+        "persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True},
+    } in prefill["volumes"]
+    rdma = prefill["containers"][0]["resources"]["limits"]["rdma/rdma_shared_device_a"]
+    assert rdma == "1"
+    assert _env(prefill["containers"][0])["UCX_IB_GID_INDEX"] == "3"
+
+
+def test_sglang_mooncake_prefill_and_decode() -> None:
+    objects = _render(load_example("sglang-mooncake"))
+    prefill = _get(objects, "Deployment", "qwen-32b-sglang-prefill")["spec"]["template"]
+    decode = _get(objects, "Deployment", "qwen-32b-sglang-decode")["spec"]["template"]
+    p_args = prefill["spec"]["containers"][0]["args"]
+    d_args = decode["spec"]["containers"][0]["args"]
+    assert p_args[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert _flag(p_args, "--disaggregation-mode") == "prefill"
+    assert _flag(d_args, "--disaggregation-mode") == "decode"
+    assert _flag(p_args, "--disaggregation-transfer-backend") == "mooncake"
+    assert _flag(p_args, "--disaggregation-bootstrap-port") == "8998"
+    assert "--disaggregation-bootstrap-port" not in d_args
+    assert _flag(p_args, "--disaggregation-ib-device") == "mlx5_0,mlx5_1"
+    assert "--enable-metrics" in p_args and "--enable-metrics" in d_args
+    assert "--kv-transfer-config" not in p_args
+    assert prefill["metadata"]["annotations"] == {"sglang.ai/bootstrap-port": "8998"}
+    assert "annotations" not in decode["metadata"]
+    assert prefill["spec"]["hostNetwork"] is True
+    assert prefill["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    ports = {p["name"]: p["containerPort"] for p in prefill["spec"]["containers"][0]["ports"]}
+    assert ports == {"http": 30000, "bootstrap": 8998}
+
+
+def test_probes_tolerate_slow_model_loading() -> None:
+    container = _engine(_render(load_example("minimal")), "qwen-small-decode")
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_services_and_pdbs() -> None:
+    objects = _render(load_example("minimal"))
+    prefill = _get(objects, "Service", "qwen-small-prefill")["spec"]
+    assert prefill["clusterIP"] == "None"
+    assert prefill["selector"] == {"disagg.dev/model": "qwen-small", "disagg.dev/role": "prefill"}
+    router = _get(objects, "Service", "qwen-small-router")["spec"]
+    assert router["type"] == "ClusterIP" and router["ports"][0]["port"] == 8000
+    pdb = _get(objects, "PodDisruptionBudget", "qwen-small-decode")["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert all(o["metadata"]["name"] != "vllm" for o in objects if o["kind"] == "Service")
+
+
+def test_router_discovers_pools_with_least_privilege() -> None:
+    objects = _render(load_example("llama-8b-nixl-rdma"))
+    role = _get(objects, "Role", "llama-8b-router")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    deployment = _get(objects, "Deployment", "llama-8b-router")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "llama-8b-router"
+    args = pod["containers"][0]["args"]
+    assert _flag(args, "--prefill-selector") == "disagg.dev/model=llama-8b,disagg.dev/role=prefill"
+    assert _flag(args, "--decode-selector") == "disagg.dev/model=llama-8b,disagg.dev/role=decode"
+    assert _flag(args, "--pd-threshold") == "256"
+    assert _flag(args, "--namespace") == "inference"
+    assert deployment["spec"]["replicas"] == 2
+    security = pod["containers"][0]["securityContext"]
+    assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
+
+
+def test_disabled_router_renders_no_router_objects() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["router"] = {"enabled": False}
+    objects = _render(manifest)
+    assert all(o["metadata"]["labels"]["disagg.dev/role"] != "router" for o in objects)
+
+
+def test_autoscaler_decision_sets_replicas_within_bounds() -> None:
+    manifest = load_example("llama-8b-nixl-rdma")
+    deployments = {
+        o["metadata"]["name"]: o["spec"]["replicas"]
+        for o in _render(manifest, prefill=5, decode=30)
+        if o["kind"] == "Deployment"
+    }
+    assert deployments["llama-8b-prefill"] == 5
+    assert deployments["llama-8b-decode"] == 8  # clamped to maxReplicas
+
+
+def test_user_env_overrides_and_pool_env_wins() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["engine"] = {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}
+    manifest["spec"]["decode"] = {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}]}
+    objects = _render(manifest)
+    assert _env(_engine(objects, "qwen-small-prefill"))["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    assert _env(_engine(objects, "qwen-small-decode"))["VLLM_LOGGING_LEVEL"] == "INFO"
+
+
+def test_extra_args_are_appended_engine_then_pool() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["engine"] = {"extraArgs": ["--enforce-eager"]}
+    manifest["spec"]["prefill"] = {"extraArgs": ["--block-size", "128"]}
+    argv = _engine(_render(manifest), "qwen-small-prefill")["args"]
+    assert argv[-3:] == ["--enforce-eager", "--block-size", "128"]

@@ -1,0 +1,194 @@
+"""`disagg validate` rejects broken manifests with a message naming the field and the rule."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import EXAMPLES, example_paths, load_example
+from disagg.cli import main
+
+
+def _run(tmp_path: Path, manifest: Any, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    path = tmp_path / "model.yaml"
+    path.write_text(manifest if isinstance(manifest, str) else yaml.safe_dump(manifest))
+    code = main(["validate", "-f", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _with(base: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    manifest = copy.deepcopy(base)
+    node = manifest
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return manifest
+
+
+@pytest.mark.parametrize("path", example_paths(), ids=lambda p: p.stem)
+def test_examples_are_valid(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", str(path)]) == 0
+    assert ": valid" in capsys.readouterr().out
+
+
+BAD_INPUTS = [
+    ("unknown-field", "spec.prefill.replicaz", 2, "spec.prefill.replicaz: unknown field"),
+    (
+        "wrong-type",
+        "spec.decode.replicas",
+        "many",
+        "spec.decode.replicas: Input should be a valid integer",
+    ),
+    (
+        "negative-replicas",
+        "spec.prefill.replicas",
+        -1,
+        "spec.prefill.replicas: Input should be greater than or equal to 0",
+    ),
+    (
+        "bad-backend",
+        "spec.engine.backend",
+        "tgi",
+        "spec.engine.backend: Input should be 'vllm' or 'sglang'",
+    ),
+    (
+        "nixl-tp",
+        "spec.prefill.tensorParallelSize",
+        8,
+        "spec.decode.tensorParallelSize: with the nixl connector, decode.tensorParallelSize must be >= prefill.tensorParallelSize",
+    ),
+    (
+        "min-over-max",
+        "spec.decode.autoscaling",
+        {"minReplicas": 5, "maxReplicas": 2},
+        "spec.decode.autoscaling.minReplicas: autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+    ),
+    (
+        "rdma-on-tcp",
+        "spec.network",
+        {"transport": "tcp", "rdma": {"resourceName": "rdma/ib"}},
+        "spec.network.rdma: network.rdma is only allowed with network.transport rdma",
+    ),
+    (
+        "zero-slo",
+        "spec.autoscaling.ttftP99",
+        "0s",
+        "spec.autoscaling.ttftP99: autoscaling.ttftP99 must be greater than zero",
+    ),
+    (
+        "bad-duration",
+        "spec.autoscaling.tpotP99",
+        "fast",
+        "spec.autoscaling.tpotP99: Value error, 'fast' is not a duration",
+    ),
+    (
+        "gpus-mismatch",
+        "spec.prefill.gpusPerReplica",
+        3,
+        "spec.prefill.gpusPerReplica: gpusPerReplica must equal tensorParallelSize x dataParallelSize",
+    ),
+    (
+        "lmcache-sglang",
+        "spec.engine",
+        {"backend": "sglang", "kvConnector": "lmcache"},
+        "spec.engine.kvConnector: the lmcache connector needs engine.backend vllm",
+    ),
+    (
+        "two-sources",
+        "spec.model.source",
+        {"huggingFace": {}, "pvc": {"claimName": "w"}},
+        "spec.model.source: model.source: choose one of huggingFace or pvc",
+    ),
+    (
+        "bad-rdma-resource",
+        "spec.network.rdma",
+        {"resourceName": "rdma"},
+        "spec.network.rdma.resourceName: String should match pattern",
+    ),
+    (
+        "bad-quantity",
+        "spec.network.shmSize",
+        "lots",
+        "spec.network.shmSize: Value error, 'lots' is not a Kubernetes quantity",
+    ),
+    ("missing-model", "spec.model", None, "spec.model: Input should be a valid dictionary"),
+    ("bad-name", "metadata.name", "9-Llama", "metadata.name: must be a DNS-1035 label"),
+    ("wrong-kind", "kind", "Deployment", "kind: expected 'DisaggregatedModel', got 'Deployment'"),
+    (
+        "gpu-budget",
+        "spec.autoscaling.maxTotalGpus",
+        1,
+        "spec.autoscaling.maxTotalGpus: autoscaling.maxTotalGpus is smaller than the GPUs both pools need",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"), [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS]
+)
+def test_bad_input_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, expected: str
+) -> None:
+    manifest = _with(load_example("minimal"), field, value)
+    code, output = _run(tmp_path, manifest, capsys)
+    assert code == 1
+    assert expected in output
+    assert "Traceback" not in output
+
+
+def test_mooncake_needs_equal_tp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = load_example("sglang-mooncake")
+    manifest["spec"]["decode"]["tensorParallelSize"] = 4
+    code, output = _run(tmp_path, manifest, capsys)
+    assert code == 1
+    assert "with the mooncake connector, decode.tensorParallelSize must equal" in output
+
+
+def test_mla_model_relaxes_the_nixl_tp_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = _with(load_example("minimal"), "spec.prefill.tensorParallelSize", 8)
+    manifest["spec"]["model"]["mla"] = True
+    assert _run(tmp_path, manifest, capsys)[0] == 0
+
+
+def test_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, output = _run(tmp_path, "spec: [unclosed\n", capsys)
+    assert code == 1 and "not valid YAML" in output and "Traceback" not in output
+
+
+def test_not_a_mapping(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, output = _run(tmp_path, "- just\n- a list\n", capsys)
+    assert code == 1 and "<root>: expected a mapping, got list" in output
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", "-f", str(EXAMPLES / "nope.yaml")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_every_problem_is_reported_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = _with(load_example("minimal"), "spec.prefill.replicas", -2)
+    manifest["spec"]["decode"] = {"replicaz": 1}
+    code, output = _run(tmp_path, manifest, capsys)
+    assert code == 1
+    assert "spec.prefill.replicas" in output and "spec.decode.replicaz: unknown field" in output
+
+
+def test_multi_document_file_names_the_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = load_example("minimal")
+    bad = _with(good, "spec.router.port", 70000)
+    text = yaml.safe_dump(good) + "---\n" + yaml.safe_dump(bad)
+    code, output = _run(tmp_path, text, capsys)
+    assert code == 1
+    assert "(document 2): spec.router.port: Input should be less than or equal to 65535" in output
