@@ -80,7 +80,9 @@ def test_cel_rules_are_attached_where_the_schema_cannot_say_it() -> None:
 
 def test_nested_objects_default_so_the_api_server_fills_them() -> None:
     spec = _schema()["properties"]["spec"]["properties"]
-    assert spec["prefill"]["default"] == {}
+    # The whole default object: the API server checks defaults against the CEL rules as is.
+    assert spec["prefill"]["default"]["autoscaling"] == {"minReplicas": 1, "maxReplicas": 8}
+    assert spec["autoscaling"]["default"]["ttftP99"] == "2s"
     assert spec["prefill"]["properties"]["tensorParallelSize"]["default"] == 1
     assert "default" not in spec["network"]["properties"]["rdma"], "rdma presence is meaningful"
     quantity = spec["network"]["properties"]["shmSize"]

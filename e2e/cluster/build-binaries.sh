@@ -36,6 +36,7 @@ build_set() {
     tail -n 20 "$log" >&2
     exit 1
   fi
+  if [[ -n "${RENAME_FROM:-}" ]]; then mv "$dir/$RENAME_FROM" "$dir/$RENAME_TO"; fi
   touch "$dir/.complete"
   ln -sfn "$dir" "$cache/bin/$set"
   echo "build-binaries: $set built into $dir"
@@ -52,6 +53,10 @@ done
 want="${1:-all}"
 if [[ "$want" == all || "$want" == kwok ]]; then
   build_set kwok "-s -w" sigs.k8s.io/kwok/cmd/kwok
+fi
+if [[ "$want" == all || "$want" == etcd ]]; then
+  # Debian's etcd 3.4.23 lacks RequestWatchProgress, which client-go >= 1.35 watch lists need.
+  RENAME_FROM=server RENAME_TO=etcd build_set etcd "-s -w" go.etcd.io/etcd/server/v3
 fi
 if [[ "$want" == all || "$want" == k8s ]]; then
   build_set k8s "-s -w $version_flags" \

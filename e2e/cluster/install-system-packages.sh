@@ -2,7 +2,6 @@
 # Installs the Debian packages the local control plane needs, skipping what is present.
 set -euo pipefail
 need=()
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if ((${#need[@]})); then

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -16,6 +16,8 @@ import yaml
 from disagg import __version__
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.devcluster.cli import register as register_dev
+from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
 from disagg.yamlio import dump, dump_all, load_all
 
@@ -108,14 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--output-dir", help="write <dir>/" + CRD_FILE_NAME + " instead of stdout")
     crds.set_defaults(func=cmd_crds)
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    register_dev(sub)
+    register_run(sub)
     return parser
-
-
-SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
-_EXTRA_COMMANDS: list[Callable[..., None]] = []
-"""Registrars of subcommands that live in their own modules (dev, run, router, sim)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from disagg.api.resource import (
     API_VERSION,
     CATEGORIES,
@@ -80,7 +82,6 @@ def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
             out.pop(key, None)
     if out.get("type") == "object" and "properties" in out:
         out.pop("additionalProperties", None)
-        _default_nested_objects(out, node, defs)
     return _ordered(out)
 
 
@@ -93,24 +94,50 @@ def _ordered(node: Schema) -> Schema:
     return {**head, **{k: v for k, v in node.items() if k not in head}}
 
 
-def _default_nested_objects(out: Schema, node: Schema, defs: dict[str, Schema]) -> None:
-    """Give non-optional nested objects ``default: {}`` so the API server defaults inside them.
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
 
-    Optional objects (pydantic default ``None``) stay absent: their presence means something.
+
+def add_object_defaults(schema: Schema, model: type[BaseModel]) -> None:
+    """Give every always-present nested object its full default value.
+
+    The API server validates a default value with the CEL rules as it stands (nested
+    defaults are not applied to it first), so ``default: {}`` would fail rules such as
+    ``minReplicas <= maxReplicas``; the complete default object passes. Optional objects
+    (default ``None``) stay absent: their presence means something.
     """
-    required = set(node.get("required", []))
-    for name, sub in node.get("properties", {}).items():
-        resolved = _resolve(sub, defs)
-        is_model = "$ref" in sub and resolved.get("type") == "object"
-        optional = "anyOf" in sub or sub.get("default", "absent") is None
-        if is_model and not optional and name not in required:
-            out["properties"][name]["default"] = {}
+    properties = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        nested = _nested_model(info.annotation)
+        if nested is None or alias not in properties:
+            continue
+        if info.default_factory is not None:
+            value = info.default_factory()  # type: ignore[call-arg]
+            properties[alias]["default"] = value.model_dump(
+                by_alias=True, exclude_none=True, mode="json"
+            )
+        add_object_defaults(properties[alias], nested)
 
 
 def model_schema(model: type[DisaggregatedModelSpec] | type[DisaggregatedModelStatus]) -> Schema:
     """The structural schema of ``spec`` or ``status``."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
-    return structural(raw, raw.get("$defs", {}))
+    schema = structural(raw, raw.get("$defs", {}))
+    if model is DisaggregatedModelSpec:  # status is written whole by the operator
+        add_object_defaults(schema, model)
+    reordered: Schema = _reorder_all(schema)
+    return reordered
+
+
+def _reorder_all(node: Any) -> Any:
+    if isinstance(node, dict):
+        return _ordered({k: _reorder_all(v) if k != "default" else v for k, v in node.items()})
+    if isinstance(node, list):
+        return [_reorder_all(v) for v in node]
+    return node
 
 
 def _printer_columns() -> list[Schema]:

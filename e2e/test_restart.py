@@ -1,0 +1,114 @@
+"""Crashes and restarts: the operator converges with no duplicate or orphaned objects."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import yaml
+
+from harness import EXAMPLES, Kube, Operator, condition, wait_for
+
+MODELS = 20
+KINDS = "deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings"
+EXPECTED = Counter(
+    {
+        "Deployment": 3,
+        "Service": 3,
+        "PodDisruptionBudget": 2,
+        "ServiceAccount": 1,
+        "Role": 1,
+        "RoleBinding": 1,
+    }
+)
+
+
+def _manifests() -> str:
+    base: dict[str, Any] = yaml.safe_load((EXAMPLES / "tcp-dev.yaml").read_text())
+    docs = []
+    for i in range(MODELS):
+        doc = {**base, "metadata": {"name": f"m{i:02d}"}}
+        docs.append(yaml.safe_dump(doc))
+    return "---\n".join(docs)
+
+
+def test_killed_mid_reconcile_then_restarted_converges(kube: Kube, namespace: str) -> None:
+    first = Operator(
+        kube.layout, f"--namespace={namespace}", "--no-leader-election", log_name="crash"
+    )
+    kube.apply(_manifests(), namespace)
+    # Kill it as soon as it is partway through: some children exist, not all.
+    wait_for(
+        "the first children",
+        lambda: len(kube.items("deployments", namespace)) >= 5,
+        timeout=60,
+        interval=0.05,
+    )
+    first.kill()
+    partial = len(kube.items("deployments", namespace))
+    assert partial < MODELS * 3, (
+        "the operator finished before it could be killed; nothing was tested"
+    )
+
+    second = Operator(
+        kube.layout, f"--namespace={namespace}", "--no-leader-election", log_name="restart"
+    )
+    try:
+
+        def converged() -> bool:
+            models = kube.items("dm", namespace)
+            return len(models) == MODELS and all(
+                m.get("status", {}).get("observedGeneration") == m["metadata"]["generation"]
+                and condition(m, "Progressing") is not None
+                for m in models
+            )
+
+        wait_for("every model reconciled after the restart", converged, timeout=180, interval=1)
+        children = kube.json("get", KINDS, "-n", namespace, "-l", "disagg.dev/model")["items"]
+        models = {m["metadata"]["name"]: m["metadata"]["uid"] for m in kube.items("dm", namespace)}
+        per_model: dict[str, Counter[str]] = {name: Counter() for name in models}
+        for child in children:
+            owner = child["metadata"]["labels"].get("disagg.dev/model")
+            assert owner in models, f"orphan {child['kind']} {child['metadata']['name']}"
+            refs = child["metadata"]["ownerReferences"]
+            assert [r["uid"] for r in refs] == [models[owner]]
+            per_model[owner][child["kind"]] += 1
+        for name, counts in per_model.items():
+            assert counts == EXPECTED, f"{name}: {dict(counts)}"
+        replicasets = kube.items("replicasets", namespace)
+        assert len(replicasets) == MODELS * 3, "a restart must not roll the Deployments"
+    finally:
+        second.stop()
+        kube.run("delete", "dm", "--all", "-n", namespace, "--wait=false", check=False)
+
+
+def test_standby_replica_takes_over_when_the_leader_dies(kube: Kube, namespace: str) -> None:
+    lease = f"disagg-ha-{namespace}"
+    one = Operator(
+        kube.layout, f"--namespace={namespace}", f"--lease-name={lease}", log_name="ha-1"
+    )
+    wait_for(
+        "the first replica to lead",
+        lambda: one.metrics().get("disagg_operator_leader") == 1.0,
+        timeout=30,
+    )
+    two = Operator(
+        kube.layout, f"--namespace={namespace}", f"--lease-name={lease}", log_name="ha-2"
+    )
+    try:
+        assert two.metrics().get("disagg_operator_leader") == 0.0
+        one.kill()
+        wait_for(
+            "the standby to take over",
+            lambda: two.metrics().get("disagg_operator_leader") == 1.0,
+            timeout=40,
+        )
+        base: dict[str, Any] = yaml.safe_load((EXAMPLES / "tcp-dev.yaml").read_text())
+        kube.apply(yaml.safe_dump(base), namespace)
+        wait_for(
+            "the new leader to reconcile a model",
+            lambda: condition(kube.get("dm", "dev-tcp", namespace), "Ready"),
+            timeout=60,
+        )
+    finally:
+        two.stop()

@@ -1,0 +1,1 @@
+"""The local Kubernetes control plane: real etcd, kube-apiserver, controllers, scheduler, kwok."""

@@ -1,0 +1,377 @@
+"""Start, stop and inspect the local control plane (the imperative shell of devcluster).
+
+Components run as detached processes (their own session, so Ctrl-C in the terminal that ran
+``disagg dev up`` does not kill them); their pids are recorded in ``state.json`` and checked
+against ``/proc/<pid>/cmdline`` before anything is signalled, so a recycled pid is never hit.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from disagg.devcluster import components
+from disagg.devcluster.layout import COMPONENTS, Layout, Ports, State, cache_dir, port_in_use
+from disagg.devcluster.nodes import fake_nodes
+from disagg.yamlio import dump_all
+
+STAGES_FILE = Path(__file__).with_name("kwok-stages.yaml")
+READY_TIMEOUT = {"etcd": 30.0, "kube-apiserver": 120.0}
+DEFAULT_READY_TIMEOUT = 60.0
+
+
+class ClusterError(RuntimeError):
+    """A failure to report to the user: it names the component and the log to read."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of every program the control plane runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+
+
+def repo_root() -> Path | None:
+    """The source checkout this package runs from, if any (it holds the build script)."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "e2e" / "cluster" / "build-binaries.sh").exists() else None
+
+
+def find_binaries() -> Binaries | None:
+    """The cached builds (etcd, Kubernetes, kwok), or None when any is missing."""
+    k8s = cache_dir() / "bin" / "k8s"
+    kwok = cache_dir() / "bin" / "kwok" / "kwok"
+    etcd = cache_dir() / "bin" / "etcd" / "etcd"
+    paths = [
+        k8s / n for n in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+    ]
+    if not etcd.exists() or not kwok.exists() or not all(p.exists() for p in paths):
+        return None
+    apiserver, controller_manager, scheduler, kubectl_path = paths
+    return Binaries(etcd, apiserver, controller_manager, scheduler, kubectl_path, kwok)
+
+
+def ensure_binaries(say: Callable[[str], None]) -> Binaries:
+    """Find the binaries, building them first (with visible progress) when a checkout can."""
+    found = find_binaries()
+    if found is not None:
+        return found
+    root = repo_root()
+    if root is None:
+        raise ClusterError(
+            f"the Kubernetes binaries are not built in {cache_dir() / 'bin'} and no source "
+            "checkout is available to build them: run `make binaries` in the repository"
+        )
+    if shutil.which("go") is None:
+        raise ClusterError(
+            "the Go toolchain is missing: it is needed to build the Kubernetes binaries"
+        )
+    say("building etcd, Kubernetes and kwok from the Go module proxy (first time: many minutes)")
+    result = subprocess.run(
+        ["bash", str(root / "e2e" / "cluster" / "build-binaries.sh")], check=False
+    )
+    found = find_binaries()
+    if result.returncode != 0 or found is None:
+        raise ClusterError(f"building the binaries failed; see the logs in {cache_dir() / 'logs'}")
+    return found
+
+
+def _pid_runs(pid: int, binary_name: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return Path(cmdline).name == binary_name
+
+
+def _binary_name(component: str) -> str:
+    return component
+
+
+def running_components(layout: Layout) -> dict[str, int]:
+    """Components recorded in state.json whose process still runs."""
+    state = layout.load_state()
+    if state is None:
+        return {}
+    return {c: pid for c, pid in state.pids.items() if _pid_runs(pid, _binary_name(c))}
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"openssl {' '.join(args[:2])} failed: {result.stderr.strip()}")
+
+
+def ensure_pki(layout: Layout) -> str:
+    """CA, API server serving certificate, service-account key and admin token; returns it."""
+    pki = layout.pki
+    pki.mkdir(parents=True, exist_ok=True)
+    if not (pki / "ca.crt").exists():
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=disagg-dev-ca",
+            cwd=pki,
+        )
+    if not (pki / "apiserver.crt").exists():
+        (pki / "san.cnf").write_text(
+            "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+            "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        )
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "apiserver.key",
+            "-out",
+            "apiserver.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+            cwd=pki,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            "apiserver.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            "apiserver.crt",
+            "-extfile",
+            "san.cnf",
+            cwd=pki,
+        )
+    if not (pki / "sa.key").exists():
+        _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    if not layout.tokens.exists():
+        token = secrets.token_hex(24)
+        layout.tokens.write_text(f'{token},admin,admin-uid,"system:masters"\n')
+        layout.tokens.chmod(0o600)
+    return layout.tokens.read_text().split(",", 1)[0]
+
+
+def write_kubeconfig(layout: Layout, ports: Ports, token: str) -> None:
+    """The admin kubeconfig every component, test and user shares."""
+    ca = base64.b64encode((layout.pki / "ca.crt").read_bytes()).decode()
+    layout.kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: disagg-dev\n  cluster:\n"
+        f"    server: https://127.0.0.1:{ports.apiserver}\n"
+        f"    certificate-authority-data: {ca}\n"
+        "users:\n- name: admin\n  user:\n"
+        f"    token: {token}\n"
+        "contexts:\n- name: disagg-dev\n  context:\n    cluster: disagg-dev\n    user: admin\n"
+        "current-context: disagg-dev\n"
+    )
+    layout.kubeconfig.chmod(0o600)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+def _wait_ready(
+    layout: Layout, comp: components.Component, process: subprocess.Popen[bytes]
+) -> None:
+    timeout = READY_TIMEOUT.get(comp.name, DEFAULT_READY_TIMEOUT)
+    verify: str | bool = str(layout.pki / "ca.crt") if comp.name == "kube-apiserver" else False
+    deadline = time.monotonic() + timeout
+    with httpx.Client(verify=verify, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise ClusterError(
+                    f"{comp.name} exited with code {process.returncode} while starting; "
+                    f"log: {layout.log(comp.name)}\n{_tail(layout.log(comp.name))}"
+                )
+            try:
+                if client.get(comp.health_url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+    raise ClusterError(
+        f"{comp.name} did not become ready within {timeout:.0f}s ({comp.health_url}); "
+        f"log: {layout.log(comp.name)}\n{_tail(layout.log(comp.name))}"
+    )
+
+
+def _start(layout: Layout, comp: components.Component) -> subprocess.Popen[bytes]:
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    with layout.log(comp.name).open("ab") as log:
+        log.write(f"\n==== starting {comp.name} at {time.ctime()} ====\n".encode())
+        log.flush()
+        return subprocess.Popen(
+            comp.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def kubectl(
+    binaries: Binaries, layout: Layout, *args: str, stdin: str | None = None, timeout: float = 60.0
+) -> str:
+    """Run kubectl against the local control plane; a failure raises ClusterError."""
+    result = subprocess.run(
+        [str(binaries.kubectl), f"--kubeconfig={layout.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def up(layout: Layout, say: Callable[[str], None]) -> bool:
+    """Start every component (idempotent). Returns False when it was already running."""
+    binaries = ensure_binaries(say)
+    running = running_components(layout)
+    if set(running) == set(COMPONENTS):
+        return False
+    if running:
+        say(f"restarting a partial control plane (running: {', '.join(sorted(running))})")
+        down(layout, say)
+    token = ensure_pki(layout)
+    ports = Ports.allocate()
+    for name, port in vars(ports).items():
+        if port_in_use(port):
+            raise ClusterError(f"port {port} ({name}) is already in use")
+    write_kubeconfig(layout, ports, token)
+    layout.kwok_config.write_text(STAGES_FILE.read_text())
+    shutil.rmtree(layout.etcd_data, ignore_errors=True)
+    state = State(ports=ports)
+    builders = {
+        "etcd": (components.etcd, binaries.etcd),
+        "kube-apiserver": (components.kube_apiserver, binaries.kube_apiserver),
+        "kube-controller-manager": (
+            components.kube_controller_manager,
+            binaries.kube_controller_manager,
+        ),
+        "kube-scheduler": (components.kube_scheduler, binaries.kube_scheduler),
+        "kwok": (components.kwok, binaries.kwok),
+    }
+    try:
+        for name in COMPONENTS:
+            build, binary = builders[name]
+            comp = build(binary, layout, ports)
+            say(f"starting {name}")
+            process = _start(layout, comp)
+            state.pids[name] = process.pid
+            layout.save_state(state)
+            _wait_ready(layout, comp, process)
+        say("creating fake GPU nodes")
+        kubectl(
+            binaries,
+            layout,
+            "apply",
+            "--server-side",
+            "--field-manager=disagg-dev",
+            "-f",
+            "-",
+            stdin=dump_all(fake_nodes()),
+        )
+        kubectl(
+            binaries,
+            layout,
+            "wait",
+            "--for=condition=Ready",
+            "node",
+            "--all",
+            "--timeout=60s",
+            timeout=90,
+        )
+    except BaseException:
+        down(layout, lambda _: None)
+        raise
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)
+
+
+def down(layout: Layout, say: Callable[[str], None]) -> None:
+    """Stop every component and remove etcd's data; leaves no process behind."""
+    running = running_components(layout)
+    for name in reversed(COMPONENTS):
+        pid = running.get(name)
+        if pid is None:
+            continue
+        say(f"stopping {name}")
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _pid_runs(pid, _binary_name(name)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _pid_runs(pid, _binary_name(name)):
+            _signal_group(pid, signal.SIGKILL)
+        _reap(pid)
+    shutil.rmtree(layout.etcd_data, ignore_errors=True)
+    state = layout.load_state()
+    if state is not None:
+        state.pids = {}
+        layout.save_state(state)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def env_lines(layout: Layout) -> str:
+    """Shell lines that point kubectl (and the operator) at the local control plane."""
+    k8s_bin = cache_dir() / "bin" / "k8s"
+    return f'export KUBECONFIG="{layout.kubeconfig}"\nexport PATH="{k8s_bin}:$PATH"\n'

@@ -1,0 +1,1 @@
+"""Kubernetes I/O: the only place the operator talks to the API server."""

@@ -1,0 +1,1 @@
+"""The kopf operator: thin handlers, a keyed work queue, leader election, metrics."""

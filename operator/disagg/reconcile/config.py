@@ -1,0 +1,20 @@
+"""Settings of one operator process (kept free of kopf so the CLI imports fast)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of one operator process (from ``disagg run`` flags)."""
+
+    kubeconfig: str | None = None
+    namespaces: tuple[str, ...] = ()
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080
+    leader_election: bool = True
+    lease_namespace: str = "default"
+    lease_name: str = "disagg-operator"
+    resync_seconds: float = 300.0
+    concurrency: int = 4

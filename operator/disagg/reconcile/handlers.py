@@ -1,0 +1,194 @@
+"""Thin kopf wiring: watch events only enqueue work; the queue runs one code path per model.
+
+Handlers are raw watch handlers (``kopf.on.event``), so kopf keeps no bookkeeping of its own
+on our objects: no finalizers, no last-handled annotations, nothing written that a GitOps
+tool would see as drift. Deleted models are cleaned up by the garbage collector through
+ownerReferences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from disagg.kube.client import KubeClient, load_credentials
+from disagg.kube.events import EventRecorder
+from disagg.naming import MANAGER, MODEL_LABEL
+from disagg.reconcile.config import RunConfig
+from disagg.reconcile.leader import LeaderElector
+from disagg.reconcile.metrics import OperatorMetrics, serve
+from disagg.reconcile.model import reconcile_model
+from disagg.reconcile.queue import Key, WorkQueue
+
+log = logging.getLogger("disagg.operator")
+
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "pods"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
+
+
+@dataclass
+class Runtime:
+    """Everything the handlers share, created at startup and closed at cleanup."""
+
+    config: RunConfig
+    client: KubeClient
+    recorder: EventRecorder
+    metrics: OperatorMetrics
+    queue: WorkQueue | None = None
+    elector: LeaderElector | None = None
+    server: web.AppRunner | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    ready: bool = False
+
+    @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading
+
+    def enqueue(self, key: Key) -> None:
+        if self.queue is not None and self.leading:
+            self.queue.add(key)
+            self.metrics.queue.set(self.queue.pending())
+
+    async def enqueue_all(self) -> None:
+        scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
+        for namespace in scopes:
+            for model in await self.client.list("DisaggregatedModel", namespace):
+                self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
+
+
+async def _work(runtime: Runtime, key: Key) -> None:
+    namespace, name = key
+    with runtime.metrics.duration.time():
+        try:
+            outcome = await reconcile_model(runtime.client, runtime.recorder, namespace, name)
+        except Exception:
+            runtime.metrics.reconciles.labels(result="error").inc()
+            raise
+    result = "invalid" if outcome.invalid else "gone" if outcome.gone else "ok"
+    runtime.metrics.reconciles.labels(result=result).inc()
+    if outcome.applied or outcome.pruned:
+        log.info(
+            "Reconciled DisaggregatedModel %s/%s applied=%d pruned=%d",
+            namespace,
+            name,
+            outcome.applied,
+            outcome.pruned,
+        )
+
+
+async def _resync_forever(runtime: Runtime) -> None:
+    while True:
+        await asyncio.sleep(runtime.config.resync_seconds)
+        try:
+            await runtime.enqueue_all()
+        except Exception as error:  # a failed listing must not end the resync loop
+            log.warning("Resync listing failed: %s", error)
+
+
+def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
+    """Register every handler of the operator on ``registry``."""
+
+    @kopf.on.login(registry=registry)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        # The same credentials as our own client, so kopf's watches and our writes agree.
+        creds = await asyncio.to_thread(load_credentials, config.kubeconfig)
+        return kopf.ConnectionInfo(
+            server=creds.host,
+            ca_path=creds.ca_file,
+            insecure=not creds.verify,
+            token=creds.token,
+            certificate_path=creds.cert_file,
+            private_key_path=creds.key_file,
+            expiration=None,
+        )
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        settings.posting.enabled = False  # we post our own, meaningful Events
+        settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        metrics = OperatorMetrics()
+        client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
+        runtime = Runtime(
+            config=config, client=client, recorder=EventRecorder(client), metrics=metrics
+        )
+        runtime.queue = WorkQueue(lambda key: _work(runtime, key), concurrency=config.concurrency)
+
+        def on_leadership(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            if leading:
+                runtime.tasks.append(asyncio.create_task(runtime.enqueue_all()))
+
+        if config.leader_election:
+            runtime.elector = LeaderElector(
+                client, config.lease_namespace, config.lease_name, on_leadership
+            )
+            runtime.tasks.append(asyncio.create_task(runtime.elector.run(), name="leader election"))
+        else:
+            metrics.leader.set(1)
+        runtime.tasks.append(asyncio.create_task(_resync_forever(runtime), name="resync"))
+        runtime.server = await serve(
+            metrics, config.metrics_host, config.metrics_port, lambda: runtime.ready
+        )
+        memo["runtime"] = runtime
+        runtime.ready = True
+        log.info(
+            "Operator started (namespaces=%s leader_election=%s metrics=%s:%d)",
+            ",".join(config.namespaces) or "*",
+            config.leader_election,
+            config.metrics_host,
+            config.metrics_port,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        runtime: Runtime | None = memo.get("runtime")
+        if runtime is None:
+            return
+        runtime.ready = False
+        for task in runtime.tasks:
+            task.cancel()
+        await asyncio.gather(*runtime.tasks, return_exceptions=True)
+        if runtime.queue is not None:
+            await runtime.queue.close()
+        if runtime.server is not None:
+            await runtime.server.cleanup()
+        await runtime.client.close()
+
+    @kopf.on.event("disagg.dev", "v1alpha1", "disaggregatedmodels", registry=registry)
+    async def model_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+        runtime: Runtime | None = memo.get("runtime")
+        if runtime is not None and namespace:
+            runtime.enqueue((namespace, name))
+
+    async def child_event(
+        labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
+    ) -> None:
+        runtime: Runtime | None = memo.get("runtime")
+        model = labels.get(MODEL_LABEL)
+        if runtime is not None and model and namespace:
+            runtime.enqueue((namespace, model))
+
+    for group, version, plural in CHILD_RESOURCES:
+        kopf.on.event(
+            group,
+            version,
+            plural,
+            registry=registry,
+            id=f"child-{plural}",
+            labels={"app.kubernetes.io/managed-by": MANAGER, MODEL_LABEL: kopf.PRESENT},
+        )(child_event)

@@ -1,0 +1,191 @@
+"""One level-based pass over one model: validate, render, apply, prune, observe, write status.
+
+The same function runs for create, update, resume, a child's change and the periodic
+resync; it never branches on which event fired. It writes only what differs (see
+:mod:`disagg.drift`), so an unchanged model costs reads and no writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.api.status import DisaggregatedModelStatus
+from disagg.drift import needs_apply, stamp
+from disagg.kube.client import KubeClient, KubeError
+from disagg.kube.events import EventRecorder
+from disagg.naming import child_name, model_selector
+from disagg.render import RenderContext, render_all, router_endpoint
+from disagg.status import Observed, compute_status, invalid_status, status_patch
+
+log = logging.getLogger("disagg.reconcile")
+Obj = dict[str, Any]
+CHILD_KINDS = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "PodDisruptionBudget",
+    "Deployment",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a pass did: counts for logs and metrics."""
+
+    applied: int = 0
+    pruned: int = 0
+    status_written: bool = False
+    invalid: bool = False
+    gone: bool = False
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _owned_by(obj: Obj, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+
+
+def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
+    raw = body.get("status")
+    if not raw:
+        return None
+    try:
+        return DisaggregatedModelStatus.model_validate(raw)
+    except ValidationError:
+        return None  # someone wrote garbage into status: recompute from scratch
+
+
+async def _write_status(client: KubeClient, body: Obj, status: DisaggregatedModelStatus) -> bool:
+    meta = body["metadata"]
+    patch = status_patch(body.get("status") or {}, status.to_wire())
+    if patch is None:
+        return False
+    await client.patch_status("DisaggregatedModel", meta["namespace"], meta["name"], patch)
+    return True
+
+
+async def _apply_children(
+    client: KubeClient,
+    model: DisaggregatedModel,
+    desired: list[Obj],
+    live: dict[tuple[str, str], Obj],
+    recorder: EventRecorder,
+    body: Obj,
+) -> int:
+    applied = 0
+    for obj in desired:
+        stamped = stamp(obj)
+        key = (obj["kind"], obj["metadata"]["name"])
+        current = live.get(key)
+        if not needs_apply(stamped, current):
+            continue
+        await client.apply(stamped)
+        applied += 1
+        verb = "Created" if current is None else "Updated"
+        await recorder.normal(body, verb, f"{verb.lower()} {obj['kind']} {obj['metadata']['name']}")
+    return applied
+
+
+async def _prune(
+    client: KubeClient,
+    uid: str,
+    desired: list[Obj],
+    live: dict[tuple[str, str], Obj],
+    recorder: EventRecorder,
+    body: Obj,
+) -> int:
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+    pruned = 0
+    for (kind, name), obj in sorted(live.items()):
+        if (kind, name) in wanted or not _owned_by(obj, uid):
+            continue
+        if await client.delete(
+            kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
+        ):
+            pruned += 1
+            await recorder.normal(
+                body, "Deleted", f"deleted {kind} {name}: no longer wanted by the spec"
+            )
+    return pruned
+
+
+async def _list_children(
+    client: KubeClient, namespace: str, name: str
+) -> dict[tuple[str, str], Obj]:
+    live: dict[tuple[str, str], Obj] = {}
+    for kind in CHILD_KINDS:
+        for obj in await client.list(kind, namespace, model_selector(name)):
+            live[(kind, obj["metadata"]["name"])] = obj
+    return live
+
+
+async def reconcile_model(
+    client: KubeClient,
+    recorder: EventRecorder,
+    namespace: str,
+    name: str,
+    replicas: Callable[[DisaggregatedModel], Awaitable[dict[str, int]]] | None = None,
+) -> Outcome:
+    """Bring one model's children and status in line with its spec."""
+    body = await client.get("DisaggregatedModel", namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
+    generation = int(body["metadata"].get("generation", 0))
+    previous = _previous_status(body)
+    try:
+        model = parse_model(body)
+    except ManifestError as error:
+        status = invalid_status(error.problems, generation, previous, _now())
+        already = previous is not None and any(
+            c.type == "Degraded"
+            and c.reason == "InvalidSpec"
+            and c.observed_generation == generation
+            for c in previous.conditions
+        )
+        if not already:
+            await recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
+        written = await _write_status(client, body, status)
+        return Outcome(status_written=written, invalid=True)
+
+    overrides = await replicas(model) if replicas is not None else {}
+    ctx = RenderContext(model, replicas=overrides)
+    desired = render_all(ctx)
+    live = await _list_children(client, namespace, name)
+    uid = body["metadata"]["uid"]
+    try:
+        applied = await _apply_children(client, model, desired, live, recorder, body)
+    except KubeError as error:
+        if error.status == 403 and "being terminated" in error.message:
+            return Outcome(gone=True)  # the namespace is going away, and the model with it
+        await recorder.warning(body, "ApplyFailed", str(error))
+        raise
+    pruned = await _prune(client, uid, desired, live, recorder, body)
+    if applied or pruned:
+        live = await _list_children(client, namespace, name)
+
+    pods = await client.list("Pod", namespace, model_selector(name))
+    deployments = {
+        role: live.get(("Deployment", child_name(name, role)))
+        for role in ("prefill", "decode", "router")
+    }
+    observed = Observed(
+        generation=generation,
+        deployments=deployments,
+        pods=pods,
+        router_enabled=model.spec.router.enabled,
+        router_endpoint=router_endpoint(ctx),
+        autoscaling_enabled=model.spec.autoscaling.enabled,
+    )
+    status = compute_status(observed, previous, _now())
+    written = await _write_status(client, body, status)
+    return Outcome(applied=applied, pruned=pruned, status_written=written)

@@ -1,0 +1,259 @@
+"""Pure status computation: observed children (and the previous status) become the new status.
+
+The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
+
+* ``Ready`` is True only when the prefill pool, the decode pool and (when enabled) the
+  router each have at least one ready replica.
+* ``Progressing`` is True while a Deployment rolls out or moves toward its replica count.
+* ``Degraded`` is True with reason ``Unschedulable`` when pool pods cannot be placed (the
+  scheduler's message says what is missing: GPUs, the RDMA resource, a node selector), or
+  with ``InvalidSpec`` when the spec fails validation.
+* ``lastTransitionTime`` only moves when a condition's status changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from disagg.api.status import (
+    CONDITION_TYPES,
+    Condition,
+    ConditionType,
+    DisaggregatedModelStatus,
+    PoolStatus,
+    RouterStatus,
+)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw of one model's children."""
+
+    generation: int
+    deployments: dict[str, Obj | None]
+    """prefill, decode and router Deployments (None when absent)."""
+    pods: list[Obj] = field(default_factory=list)
+    router_enabled: bool = True
+    router_endpoint: str | None = None
+    autoscaling_enabled: bool = False
+
+
+def _deployment_counts(deployment: Obj | None) -> tuple[int, int, int]:
+    if deployment is None:
+        return 0, 0, 0
+    status = deployment.get("status", {})
+    desired = int(deployment.get("spec", {}).get("replicas", 1))
+    return int(status.get("replicas", 0)), int(status.get("readyReplicas", 0)), desired
+
+
+def pool_status(deployment: Obj | None, previous: PoolStatus | None) -> PoolStatus:
+    """A pool's counts; autoscaler fields carry over from the previous status."""
+    replicas, ready, desired = _deployment_counts(deployment)
+    return PoolStatus(
+        replicas=replicas,
+        ready_replicas=ready,
+        desired_replicas=desired,
+        summary=f"{ready}/{desired}",
+        last_scale_time=previous.last_scale_time if previous else None,
+        last_scale_reason=previous.last_scale_reason if previous else None,
+    )
+
+
+def _rolling_out(deployment: Obj | None) -> str | None:
+    if deployment is None:
+        return "not created yet"
+    spec, status = deployment.get("spec", {}), deployment.get("status", {})
+    desired = int(spec.get("replicas", 1))
+    if status.get("observedGeneration", 0) < deployment.get("metadata", {}).get("generation", 0):
+        return "rollout pending"
+    if int(status.get("updatedReplicas", 0)) < desired:
+        return f"{status.get('updatedReplicas', 0)}/{desired} updated"
+    if int(status.get("replicas", 0)) > desired:
+        return f"{status.get('replicas', 0) - desired} old replicas terminating"
+    if int(status.get("readyReplicas", 0)) < desired:
+        return f"{status.get('readyReplicas', 0)}/{desired} ready"
+    return None
+
+
+def unschedulable_pods(pods: list[Obj]) -> list[str]:
+    """One line per pending pod the scheduler could not place, with its reason."""
+    lines = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        if pod.get("metadata", {}).get("deletionTimestamp"):
+            continue
+        for cond in pod.get("status", {}).get("conditions", []):
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and (cond.get("reason") == "Unschedulable")
+            ):
+                role = pod["metadata"].get("labels", {}).get("disagg.dev/role", "?")
+                lines.append(
+                    f"{role} pod {pod['metadata']['name']}: {cond.get('message', '').strip()}"
+                )
+    return lines
+
+
+def _condition(
+    type_: ConditionType,
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Mapping[ConditionType, Condition],
+    now: str,
+) -> Condition:
+    before = previous.get(type_)
+    moved = before is None or before.status != status
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=now if moved or before is None else before.last_transition_time,
+        observed_generation=generation,
+    )
+
+
+def _order(conditions: list[Condition]) -> list[Condition]:
+    rank = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(conditions, key=lambda c: rank.get(c.type, len(rank)))
+
+
+def compute_status(
+    obs: Observed, previous: DisaggregatedModelStatus | None, now: str
+) -> DisaggregatedModelStatus:
+    """The full status of a model whose spec is valid."""
+    prev_conditions = {c.type: c for c in (previous.conditions if previous else [])}
+    prefill = pool_status(obs.deployments.get("prefill"), previous.prefill if previous else None)
+    decode = pool_status(obs.deployments.get("decode"), previous.decode if previous else None)
+    r_replicas, r_ready, _ = _deployment_counts(obs.deployments.get("router"))
+    router = RouterStatus(
+        replicas=r_replicas,
+        ready_replicas=r_ready,
+        endpoint=obs.router_endpoint if obs.router_enabled else None,
+    )
+    gen = obs.generation
+
+    not_ready = [
+        name for name, pool in (("prefill", prefill), ("decode", decode)) if pool.ready_replicas < 1
+    ]
+    if obs.router_enabled and r_ready < 1:
+        not_ready.append("router")
+    if not_ready:
+        ready = _condition(
+            "Ready",
+            "False",
+            "ComponentsNotReady",
+            f"no ready replica yet in: {', '.join(not_ready)}",
+            gen,
+            prev_conditions,
+            now,
+        )
+    else:
+        ready = _condition(
+            "Ready",
+            "True",
+            "AllComponentsReady",
+            "prefill, decode and router have ready replicas",
+            gen,
+            prev_conditions,
+            now,
+        )
+
+    roles = ["prefill", "decode"] + (["router"] if obs.router_enabled else [])
+    rolling = [
+        f"{role}: {why}" for role in roles if (why := _rolling_out(obs.deployments.get(role)))
+    ]
+    if rolling:
+        progressing = _condition(
+            "Progressing", "True", "RollingOut", "; ".join(rolling), gen, prev_conditions, now
+        )
+    else:
+        progressing = _condition(
+            "Progressing",
+            "False",
+            "RolloutComplete",
+            "every Deployment runs its desired replicas",
+            gen,
+            prev_conditions,
+            now,
+        )
+
+    stuck = unschedulable_pods(obs.pods)
+    if stuck:
+        degraded = _condition(
+            "Degraded", "True", "Unschedulable", "; ".join(stuck), gen, prev_conditions, now
+        )
+    else:
+        degraded = _condition("Degraded", "False", "AsExpected", "", gen, prev_conditions, now)
+
+    if obs.autoscaling_enabled:
+        scaling = _condition(
+            "ScalingActive",
+            "False",
+            "AutoscalerNotAvailable",
+            "this operator version has no SLO autoscaler yet; pools keep spec replicas",
+            gen,
+            prev_conditions,
+            now,
+        )
+    else:
+        scaling = _condition(
+            "ScalingActive",
+            "False",
+            "AutoscalingDisabled",
+            "spec.autoscaling.enabled is false; pools keep spec replicas",
+            gen,
+            prev_conditions,
+            now,
+        )
+
+    return DisaggregatedModelStatus(
+        observed_generation=gen,
+        conditions=_order([ready, progressing, degraded, scaling]),
+        prefill=prefill,
+        decode=decode,
+        router=router,
+        metrics=previous.metrics if previous else DisaggregatedModelStatus().metrics,
+    )
+
+
+def invalid_status(
+    problems: list[str], generation: int, previous: DisaggregatedModelStatus | None, now: str
+) -> DisaggregatedModelStatus:
+    """Status of a model whose spec is invalid: Degraded/InvalidSpec, children left as they are."""
+    prev_conditions = {c.type: c for c in (previous.conditions if previous else [])}
+    message = "; ".join(problems)
+    degraded = _condition(
+        "Degraded", "True", "InvalidSpec", message, generation, prev_conditions, now
+    )
+    kept = [c for c in (previous.conditions if previous else []) if c.type != "Degraded"]
+    base = previous or DisaggregatedModelStatus()
+    return base.model_copy(update={"conditions": _order([*kept, degraded])})
+
+
+def status_patch(old: Obj, new: Obj) -> Obj | None:
+    """A JSON merge patch turning ``old`` into ``new`` (None when they are equal).
+
+    Keys that disappeared are set to null, as a merge patch requires.
+    """
+    if old == new:
+        return None
+    patch: Obj = {}
+    for key in old.keys() | new.keys():
+        if key not in new:
+            patch[key] = None
+        elif key not in old:
+            patch[key] = new[key]
+        elif isinstance(old[key], dict) and isinstance(new[key], dict):
+            sub = status_patch(old[key], new[key])
+            if sub is not None:
+                patch[key] = sub
+        elif old[key] != new[key]:
+            patch[key] = new[key]
+    return patch or None

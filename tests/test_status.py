@@ -1,0 +1,136 @@
+"""Status computation: what `kubectl get dm` and the conditions say about observed children."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disagg.api.status import DisaggregatedModelStatus
+from disagg.status import Observed, compute_status, invalid_status, status_patch
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
+
+
+def _deployment(replicas: int, ready: int, *, updated: int | None = None, generation: int = 1,
+                observed: int = 1) -> dict[str, Any]:  # fmt: skip
+    return {
+        "metadata": {"generation": generation},
+        "spec": {"replicas": replicas},
+        "status": {
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+            "observedGeneration": observed,
+        },
+    }
+
+
+def _healthy() -> dict[str, dict[str, Any] | None]:
+    return {"prefill": _deployment(2, 2), "decode": _deployment(3, 3), "router": _deployment(1, 1)}
+
+
+def _cond(status: DisaggregatedModelStatus, type_: str) -> Any:
+    return next(c for c in status.conditions if c.type == type_)
+
+
+def test_all_ready() -> None:
+    status = compute_status(Observed(generation=4, deployments=_healthy()), None, T0)
+    assert _cond(status, "Ready").status == "True"
+    assert _cond(status, "Progressing").status == "False"
+    assert _cond(status, "Degraded").status == "False"
+    assert status.prefill.summary == "2/2" and status.decode.summary == "3/3"
+    assert status.observed_generation == 4
+    assert all(c.observed_generation == 4 for c in status.conditions)
+    assert [c.type for c in status.conditions] == [
+        "Ready",
+        "Progressing",
+        "Degraded",
+        "ScalingActive",
+    ]
+
+
+def test_not_ready_names_the_missing_component() -> None:
+    deployments = _healthy()
+    deployments["decode"] = _deployment(2, 0)
+    status = compute_status(Observed(generation=1, deployments=deployments), None, T0)
+    ready = _cond(status, "Ready")
+    assert ready.status == "False" and ready.message == "no ready replica yet in: decode"
+    assert _cond(status, "Progressing").message == "decode: 0/2 ready"
+
+
+def test_router_only_counts_when_enabled() -> None:
+    deployments = _healthy()
+    deployments["router"] = None
+    off = compute_status(
+        Observed(generation=1, deployments=deployments, router_enabled=False), None, T0
+    )
+    assert _cond(off, "Ready").status == "True"
+    on = compute_status(
+        Observed(generation=1, deployments=deployments, router_enabled=True), None, T0
+    )
+    assert "router" in _cond(on, "Ready").message
+
+
+def test_rollout_in_progress() -> None:
+    deployments = _healthy()
+    deployments["prefill"] = _deployment(2, 2, updated=1, generation=3, observed=3)
+    status = compute_status(Observed(generation=1, deployments=deployments), None, T0)
+    progressing = _cond(status, "Progressing")
+    assert progressing.status == "True" and progressing.reason == "RollingOut"
+    assert "prefill: 1/2 updated" in progressing.message
+    stale = {**_healthy(), "decode": _deployment(3, 3, generation=5, observed=4)}
+    assert (
+        "decode: rollout pending"
+        in _cond(compute_status(Observed(1, stale), None, T0), "Progressing").message
+    )
+
+
+def test_unschedulable_pods_degrade_with_the_scheduler_message() -> None:
+    pod = {
+        "metadata": {"name": "m-prefill-abc", "labels": {"disagg.dev/role": "prefill"}},
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                   "message": "0/5 nodes are available: 5 Insufficient nvidia.com/gpu."}]},
+    }  # fmt: skip
+    status = compute_status(Observed(generation=1, deployments=_healthy(), pods=[pod]), None, T0)
+    degraded = _cond(status, "Degraded")
+    assert degraded.status == "True" and degraded.reason == "Unschedulable"
+    assert (
+        degraded.message
+        == "prefill pod m-prefill-abc: 0/5 nodes are available: 5 Insufficient nvidia.com/gpu."
+    )
+
+
+def test_transition_time_moves_only_when_status_changes() -> None:
+    first = compute_status(Observed(generation=1, deployments=_healthy()), None, T0)
+    same = compute_status(Observed(generation=2, deployments=_healthy()), first, T1)
+    assert _cond(same, "Ready").last_transition_time == T0
+    broken = {**_healthy(), "prefill": _deployment(1, 0)}
+    changed = compute_status(Observed(generation=2, deployments=broken), first, T1)
+    assert _cond(changed, "Ready").last_transition_time == T1
+
+
+def test_scaling_active_says_why_pools_keep_spec_replicas() -> None:
+    off = compute_status(Observed(generation=1, deployments=_healthy()), None, T0)
+    assert _cond(off, "ScalingActive").reason == "AutoscalingDisabled"
+    on = compute_status(
+        Observed(generation=1, deployments=_healthy(), autoscaling_enabled=True), None, T0
+    )
+    scaling = _cond(on, "ScalingActive")
+    assert scaling.status == "False" and scaling.reason == "AutoscalerNotAvailable"
+
+
+def test_invalid_spec_keeps_other_conditions_and_sets_degraded() -> None:
+    good = compute_status(Observed(generation=1, deployments=_healthy()), None, T0)
+    bad = invalid_status(["spec.x: unknown field"], 2, good, T1)
+    degraded = _cond(bad, "Degraded")
+    assert degraded.status == "True" and degraded.reason == "InvalidSpec"
+    assert degraded.message == "spec.x: unknown field" and degraded.observed_generation == 2
+    assert _cond(bad, "Ready").status == "True"
+    assert bad.observed_generation == 1, "an invalid generation was not reconciled"
+
+
+def test_status_patch_nulls_removed_keys_and_is_none_when_equal() -> None:
+    assert status_patch({"a": 1}, {"a": 1}) is None
+    assert status_patch({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 2}}) == {
+        "b": {"d": None}
+    }
+    assert status_patch({}, {"x": [1]}) == {"x": [1]}
