@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DISAGG_CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE
+LINT_DIRS := $(wildcard operator tests e2e bench)
 
 .PHONY: help venv test test-fast test-e2e lint crds demo demo-down binaries system-packages clean
 
@@ -31,8 +32,8 @@ binaries:
 	@bash e2e/cluster/build-binaries.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests e2e bench
-	$(BIN)/ruff format --check operator tests e2e bench
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
