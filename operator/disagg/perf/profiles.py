@@ -69,7 +69,9 @@ class GpuProfile:
 MODELS: Final[dict[str, ModelProfile]] = {
     m.name: m
     for m in (
-        ModelProfile("opt-13b", 12.9e9, 12.9e9, 40, 5120, 40, 40, 128, aliases=("facebook/opt-13b",)),
+        ModelProfile(
+            "opt-13b", 12.9e9, 12.9e9, 40, 5120, 40, 40, 128, aliases=("facebook/opt-13b",),
+        ),
         ModelProfile(
             "llama-3.1-8b", 8.03e9, 8.03e9, 32, 4096, 32, 8, 128,
             aliases=("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct"),
@@ -89,12 +91,15 @@ MODELS: Final[dict[str, ModelProfile]] = {
     )
 }  # fmt: skip
 
+_A100_MBU: Final = ((2, 0.75), (4, 0.67), (8, 0.6))
+_HOPPER_MBU: Final = ((2, 0.8), (4, 0.7), (8, 0.6))
+
 GPUS: Final[dict[str, GpuProfile]] = {
     g.name: g
     for g in (
-        GpuProfile("a100", 312e12, 2.039e12, 80e9, 300e9, 0.38, 0.18, ((2, 0.75), (4, 0.67), (8, 0.6))),
-        GpuProfile("h100", 989e12, 3.35e12, 80e9, 450e9, 0.45, 0.30, ((2, 0.8), (4, 0.7), (8, 0.6))),
-        GpuProfile("h200", 989e12, 4.8e12, 141e9, 450e9, 0.45, 0.30, ((2, 0.8), (4, 0.7), (8, 0.6))),
+        GpuProfile("a100", 312e12, 2.039e12, 80e9, 300e9, 0.38, 0.18, _A100_MBU),
+        GpuProfile("h100", 989e12, 3.35e12, 80e9, 450e9, 0.45, 0.30, _HOPPER_MBU),
+        GpuProfile("h200", 989e12, 4.8e12, 141e9, 450e9, 0.45, 0.30, _HOPPER_MBU),
     )
 }
 

@@ -53,7 +53,9 @@ def _allreduce(shape: EngineShape, tokens: int) -> float:
     return 2 * shape.model.layers * per_layer
 
 
-def step_time(shape: EngineShape, chunks: Sequence[PrefillChunk], decode_contexts: Sequence[int]) -> float:
+def step_time(
+    shape: EngineShape, chunks: Sequence[PrefillChunk], decode_contexts: Sequence[int]
+) -> float:
     """Seconds of one engine step with these prefill chunks and decoding requests."""
     if not chunks and not decode_contexts:
         return 0.0
@@ -63,7 +65,9 @@ def step_time(shape: EngineShape, chunks: Sequence[PrefillChunk], decode_context
     batch = len(decode_contexts)
     context = sum(decode_contexts)
     flops = 2 * model.active_params * (new_tokens + batch)
-    flops += layers * sum(2 * d * c.new_tokens**2 + 4 * d * c.new_tokens * c.cached_tokens for c in chunks)
+    flops += layers * sum(
+        2 * d * c.new_tokens**2 + 4 * d * c.new_tokens * c.cached_tokens for c in chunks
+    )
     flops += 4 * layers * d * context
     kv = shape.kv_bytes_per_token
     read = model.weight_bytes + kv * (sum(c.new_tokens + c.cached_tokens for c in chunks) + context)
@@ -103,7 +107,9 @@ NETWORKS: Final[dict[str, NetworkProfile]] = {
 }
 
 
-def transfer_time(shape: EngineShape, tokens: int, network: NetworkProfile, rails: int = 1) -> float:
+def transfer_time(
+    shape: EngineShape, tokens: int, network: NetworkProfile, rails: int = 1
+) -> float:
     """Seconds to move the KV cache of ``tokens`` prompt tokens over ``rails`` parallel links."""
     payload = tokens * shape.kv_bytes_per_token
     return network.latency + payload / (network.bandwidth * max(1, rails))
