@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Callable
@@ -219,7 +220,11 @@ def _wait_ready(
     layout: Layout, comp: components.Component, process: subprocess.Popen[bytes]
 ) -> None:
     timeout = READY_TIMEOUT.get(comp.name, DEFAULT_READY_TIMEOUT)
-    verify: str | bool = str(layout.pki / "ca.crt") if comp.name == "kube-apiserver" else False
+    verify: ssl.SSLContext | bool = (
+        ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+        if comp.name == "kube-apiserver"
+        else False
+    )
     deadline = time.monotonic() + timeout
     with httpx.Client(verify=verify, timeout=2.0) as client:
         while time.monotonic() < deadline:
@@ -240,18 +245,25 @@ def _wait_ready(
     )
 
 
+_DETACHED: list[subprocess.Popen[bytes]] = []
+"""Components outlive this process by design; holding their Popen objects here keeps Python
+from warning that a child is still running when the object would be collected."""
+
+
 def _start(layout: Layout, comp: components.Component) -> subprocess.Popen[bytes]:
     layout.logs.mkdir(parents=True, exist_ok=True)
     with layout.log(comp.name).open("ab") as log:
         log.write(f"\n==== starting {comp.name} at {time.ctime()} ====\n".encode())
         log.flush()
-        return subprocess.Popen(
+        process = subprocess.Popen(
             comp.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+    _DETACHED.append(process)
+    return process
 
 
 def kubectl(
