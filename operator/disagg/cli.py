@@ -19,6 +19,8 @@ from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.devcluster.cli import register as register_dev
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
+from disagg.router.cli import register as register_router
+from disagg.sim.cli import register as register_sim
 from disagg.yamlio import dump, dump_all, load_all
 
 
@@ -112,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_dev(sub)
     register_run(sub)
+    register_sim(sub)
+    register_router(sub)
     return parser
 
 

@@ -12,7 +12,7 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
@@ -176,7 +176,7 @@ class KubeClient:
                 return None
             raise
 
-    async def list(
+    async def list_objects(
         self, kind: str, namespace: str | None, selector: str | None = None
     ) -> list[Obj]:
         """Objects of a kind in a namespace (all namespaces with None), by label selector."""
@@ -186,6 +186,50 @@ class KubeClient:
         for item in items:
             item.setdefault("kind", kind)
         return items
+
+    async def list_with_version(
+        self, kind: str, namespace: str | None, selector: str | None = None
+    ) -> tuple[list[Obj], str]:
+        """Objects plus the list's resourceVersion, to start a watch from."""
+        params = {"labelSelector": selector} if selector else {}
+        result = await self._call("GET", resource_path(kind, namespace), params=params)
+        return result.get("items", []), str(result.get("metadata", {}).get("resourceVersion", ""))
+
+    async def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        selector: str | None,
+        resource_version: str,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Watch events (type, object) until the server ends the stream."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
+        if selector:
+            params["labelSelector"] = selector
+        timeout = httpx.Timeout(connect=5.0, read=timeout_seconds + 30.0, write=10.0, pool=5.0)
+        async with self._http.stream(
+            "GET",
+            resource_path(kind, namespace),
+            params=params,
+            headers=await self._headers(),
+            timeout=timeout,
+        ) as response:
+            if response.status_code >= 400:
+                raise KubeError(
+                    response.status_code,
+                    response.reason_phrase,
+                    (await response.aread()).decode()[:300],
+                )
+            async for line in response.aiter_lines():
+                if line.strip():
+                    event = json.loads(line)
+                    yield str(event.get("type")), event.get("object", {})
 
     async def apply(self, obj: Obj, *, force: bool = True) -> Obj:
         """Server-side apply under the operator's field manager."""

@@ -65,7 +65,7 @@ class Runtime:
     async def enqueue_all(self) -> None:
         scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
         for namespace in scopes:
-            for model in await self.client.list("DisaggregatedModel", namespace):
+            for model in await self.client.list_objects("DisaggregatedModel", namespace):
                 self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
 
 

@@ -124,7 +124,7 @@ async def _list_children(
 ) -> dict[tuple[str, str], Obj]:
     live: dict[tuple[str, str], Obj] = {}
     for kind in CHILD_KINDS:
-        for obj in await client.list(kind, namespace, model_selector(name)):
+        for obj in await client.list_objects(kind, namespace, model_selector(name)):
             live[(kind, obj["metadata"]["name"])] = obj
     return live
 
@@ -173,7 +173,7 @@ async def reconcile_model(
     if applied or pruned:
         live = await _list_children(client, namespace, name)
 
-    pods = await client.list("Pod", namespace, model_selector(name))
+    pods = await client.list_objects("Pod", namespace, model_selector(name))
     deployments = {
         role: live.get(("Deployment", child_name(name, role)))
         for role in ("prefill", "decode", "router")

@@ -1,0 +1,1 @@
+"""The P/D router: the OpenAI-compatible front door; prefill first, then decode."""

@@ -1,0 +1,152 @@
+"""``disagg router``: run the P/D router with static endpoints or Kubernetes discovery."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import logging
+import os
+import signal
+import sys
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.metrics import RouterMetrics
+from disagg.router.proxy import Router, RouterConfig, build_app
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an endpoint URL such as http://10.0.0.5:8000"
+        )
+    return text.rstrip("/")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``disagg router`` to the ``disagg`` parser."""
+    cmd = sub.add_parser("router", help="the OpenAI-compatible P/D router")
+    cmd.add_argument("--host", default="0.0.0.0")
+    cmd.add_argument("--port", type=int, default=8000)
+    cmd.add_argument("--served-model-name", help="the only model name accepted (default: any)")
+    cmd.add_argument("--backend", choices=("vllm", "sglang"), default="vllm", help="P/D protocol")
+    cmd.add_argument(
+        "--prefill", nargs="+", type=_url, default=[], metavar="URL", help="static prefill engines"
+    )
+    cmd.add_argument(
+        "--decode", nargs="+", type=_url, default=[], metavar="URL", help="static decode engines"
+    )
+    cmd.add_argument(
+        "--prefill-bootstrap-port", type=int, default=8998, help="SGLang bootstrap port (static)"
+    )
+    cmd.add_argument("--discover", action="store_true", help="find engines by watching Pods")
+    cmd.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE"), help="namespace of the pools"
+    )
+    cmd.add_argument("--prefill-selector", help="label selector of prefill pods")
+    cmd.add_argument("--decode-selector", help="label selector of decode pods")
+    cmd.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, then in-cluster)")
+    cmd.add_argument(
+        "--pd-threshold",
+        type=int,
+        default=256,
+        help="prompts shorter than this many tokens skip prefill (0: never skip)",
+    )
+    cmd.add_argument(
+        "--policy",
+        choices=("least-outstanding", "round-robin", "prefix-affinity"),
+        default="least-outstanding",
+    )
+    cmd.add_argument(
+        "--prefill-timeout", type=float, default=60.0, help="seconds before a prefill is retried"
+    )
+    cmd.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    cmd.set_defaults(func=cmd_router)
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    if args.discover:
+        missing = [
+            f for f in ("namespace", "prefill_selector", "decode_selector") if not getattr(args, f)
+        ]
+        if missing:
+            return "--discover needs " + ", ".join("--" + m.replace("_", "-") for m in missing)
+    elif not args.decode:
+        return "give --decode URL [URL ...] (and --prefill URL ...), or --discover"
+    if args.pd_threshold < 0:
+        return f"--pd-threshold must be >= 0, got {args.pd_threshold}"
+    return None
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    prefill, decode = Pool("prefill"), Pool("decode")
+    prefill.replace(Endpoint(u, bootstrap_port=args.prefill_bootstrap_port) for u in args.prefill)
+    decode.replace(Endpoint(u) for u in args.decode)
+    config = RouterConfig(
+        served_model_name=args.served_model_name,
+        pd_threshold=args.pd_threshold,
+        backend=args.backend,
+        prefill_timeout=args.prefill_timeout,
+        max_body_bytes=args.max_body_bytes,
+    )
+    router = Router(config, prefill, decode, Picker(args.policy), RouterMetrics())
+    tasks: list[asyncio.Task[None]] = []
+    client = None
+    if args.discover:
+        from disagg.kube.client import KubeClient
+        from disagg.router.discovery import watch_pool
+
+        client = await KubeClient.connect(args.kubeconfig)
+        tasks = [
+            asyncio.create_task(watch_pool(client, args.namespace, args.prefill_selector, prefill)),
+            asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode)),
+        ]
+    runner = web.AppRunner(build_app(router), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+    except OSError as failure:
+        await runner.cleanup()
+        reason = (
+            "is already in use"
+            if failure.errno == errno.EADDRINUSE
+            else f"failed: {failure.strerror}"
+        )
+        print(f"error: listening on {args.host}:{args.port} {reason}", file=sys.stderr)
+        return 1
+    logging.getLogger("disagg.router").info(
+        "Router listening on %s:%d (%s, threshold %d tokens)",
+        args.host,
+        args.port,
+        args.backend,
+        args.pd_threshold,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await runner.cleanup()
+    if client is not None:
+        await client.close()
+    return 0
+
+
+def cmd_router(args: argparse.Namespace) -> int:
+    problem = _check(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return asyncio.run(_serve(args))

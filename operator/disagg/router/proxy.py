@@ -1,0 +1,324 @@
+"""The router's request path: prefill, then decode, streamed back unchanged.
+
+Failure handling, in the order a request meets it:
+
+* a prefill error or timeout is retried once on another prefill engine, then the request is
+  served decode-only (the decode engine computes the prompt itself: path ``fallback``);
+* a decode failure before any byte reached the client is retried on another decode engine;
+  if the KV cannot be loaded there either, the request falls back to decode-only;
+* after bytes have streamed, an upstream failure ends the stream with an error event; tokens
+  are never repeated;
+* a client that disconnects cancels the upstream request (aiohttp cancels the handler).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from disagg.router import protocol
+from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.metrics import RouterMetrics
+from disagg.sim.tokens import estimate_tokens
+
+log = logging.getLogger("disagg.router")
+PASSED_HEADERS = ("Authorization", "X-Request-Id")
+
+
+@dataclass
+class RouterConfig:
+    """Behaviour of one router process."""
+
+    served_model_name: str | None
+    pd_threshold: int = 256
+    backend: str = "vllm"
+    prefill_timeout: float = 60.0
+    decode_connect_timeout: float = 10.0
+    decode_read_timeout: float = 300.0
+    max_body_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class Router:
+    """Shared state of the request handlers."""
+
+    config: RouterConfig
+    prefill: Pool
+    decode: Pool
+    picker: Picker
+    metrics: RouterMetrics
+    session: aiohttp.ClientSession | None = None
+    rng: random.Random = field(default_factory=random.Random)
+
+
+ROUTER_KEY = web.AppKey("router", Router)
+
+
+class UpstreamError(Exception):
+    """An engine failed before the client saw anything: safe to retry elsewhere."""
+
+
+def error_response(status: int, message: str, type_: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def _prompt_prefix(body: dict[str, Any]) -> str:
+    if isinstance(body.get("messages"), list):
+        return json.dumps(body["messages"][:2])[:512]
+    return str(body.get("prompt", ""))[:512]
+
+
+async def _prefill(
+    router: Router, path: str, body: dict[str, Any], headers: dict[str, str], prefix: str
+) -> dict[str, Any] | None:
+    """Run the prefill step on up to two engines; the returned kv_transfer_params, or None."""
+    assert router.session is not None
+    tried: set[str] = set()
+    for _ in range(2):
+        endpoint = router.picker.pick(router.prefill, prefix, tried)
+        if endpoint is None:
+            return None
+        tried.add(endpoint.url)
+        started = time.monotonic()
+        with router.metrics.track(endpoint, "prefill"):
+            try:
+                timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
+                async with router.session.post(
+                    endpoint.url + path,
+                    json=protocol.prefill_request(body),
+                    headers=headers,
+                    timeout=timeout,
+                ) as response:
+                    payload = await response.json(content_type=None)
+                    if response.status != 200:
+                        raise UpstreamError(f"HTTP {response.status}: {str(payload)[:200]}")
+                params = payload.get("kv_transfer_params") if isinstance(payload, dict) else None
+                if not isinstance(params, dict):
+                    raise UpstreamError("the prefill response carries no kv_transfer_params")
+                router.metrics.prefill_seconds.observe(time.monotonic() - started)
+                return params
+            except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
+                router.metrics.upstream_failures.labels(role="prefill").inc()
+                log.warning(
+                    "Prefill on %s failed for %s: %r",
+                    endpoint.url,
+                    headers.get("X-Request-Id"),
+                    failure,
+                )
+    return None
+
+
+async def _open_decode(
+    router: Router, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]
+) -> aiohttp.ClientResponse:
+    assert router.session is not None
+    timeout = aiohttp.ClientTimeout(
+        sock_connect=router.config.decode_connect_timeout,
+        sock_read=router.config.decode_read_timeout,
+    )
+    response = await router.session.post(
+        endpoint.url + path, json=body, headers=headers, timeout=timeout
+    )
+    if response.status >= 500:
+        text = await response.text()
+        response.release()
+        raise UpstreamError(f"HTTP {response.status}: {text[:200]}")
+    return response
+
+
+async def _relay(
+    request: web.Request,
+    router: Router,
+    upstream: aiohttp.ClientResponse,
+    stream: bool,
+    route: str,
+    request_id: str,
+    arrival: float,
+) -> web.StreamResponse:
+    """Copy the decode engine's answer to the client, measuring what the user sees."""
+    headers = {"X-Request-Id": request_id, "X-Disagg-Path": route}
+    if not stream or upstream.status != 200:
+        body = await upstream.read()
+        router.metrics.ttft.observe(time.monotonic() - arrival)
+        ctype = upstream.headers.get("Content-Type", "application/json")
+        return web.Response(
+            body=body, status=upstream.status, headers={**headers, "Content-Type": ctype}
+        )
+    response = web.StreamResponse(
+        status=200,
+        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+    )
+    await response.prepare(request)
+    last: float | None = None
+    try:
+        async for data in upstream.content.iter_any():
+            now = time.monotonic()
+            events = data.count(b"data: {")
+            if events:
+                if last is None:
+                    router.metrics.ttft.observe(now - arrival)
+                    events -= 1
+                else:
+                    for _ in range(events):
+                        router.metrics.itl.observe((now - last) / events)
+                last = now
+            await response.write(data)
+    except (aiohttp.ClientError, TimeoutError) as failure:
+        router.metrics.upstream_failures.labels(role="decode").inc()
+        message = {
+            "error": {
+                "message": f"the decode engine failed mid-stream: {failure!r}",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 502,
+            }
+        }
+        await response.write(f"data: {json.dumps(message)}\n\ndata: [DONE]\n\n".encode())
+    await response.write_eof()
+    return response
+
+
+async def _decode(
+    request: web.Request,
+    router: Router,
+    path: str,
+    body: dict[str, Any],
+    kv_params: dict[str, Any] | None,
+    headers: dict[str, str],
+    route: str,
+    prefix: str,
+    request_id: str,
+    arrival: float,
+) -> web.StreamResponse:
+    tried: set[str] = set()
+    attempts: list[dict[str, Any] | None] = [kv_params, kv_params]
+    if kv_params is not None:
+        attempts.append(None)  # last resort: the decode engine prefills itself
+    for params in attempts:
+        endpoint = router.picker.pick(router.decode, prefix, tried)
+        if endpoint is None:
+            if tried:
+                tried.clear()  # every engine failed once; the fallback may retry any of them
+                endpoint = router.picker.pick(router.decode, prefix, tried)
+            if endpoint is None:
+                break
+        tried.add(endpoint.url)
+        if params is None and kv_params is not None:
+            route = "fallback"
+        with router.metrics.track(endpoint, "decode"):
+            try:
+                upstream = await _open_decode(
+                    router, endpoint, path, protocol.decode_request(body, params), headers
+                )
+            except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
+                router.metrics.upstream_failures.labels(role="decode").inc()
+                log.warning("Decode on %s failed for %s: %r", endpoint.url, request_id, failure)
+                continue
+            try:
+                response = await _relay(
+                    request, router, upstream, bool(body.get("stream")), route, request_id, arrival
+                )
+            finally:
+                upstream.release()
+        router.metrics.requests.labels(path=route, code=str(response.status)).inc()
+        return response
+    router.metrics.requests.labels(path=route, code="503").inc()
+    return error_response(
+        503, "no decode engine could serve the request", "ServiceUnavailableError"
+    )
+
+
+async def handle(request: web.Request, kind: str, path: str) -> web.StreamResponse:
+    router = request.app[ROUTER_KEY]
+    arrival = time.monotonic()
+    try:
+        body = await request.json()
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, f"the request body exceeds {router.config.max_body_bytes} bytes")
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error_response(400, "the request body is not valid JSON")
+    problem = protocol.validate(body, kind, router.config.served_model_name)
+    if problem is not None:
+        status, message = problem
+        return error_response(
+            status, message, "NotFoundError" if status == 404 else "BadRequestError"
+        )
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    headers = {k: request.headers[k] for k in PASSED_HEADERS if k in request.headers}
+    headers["X-Request-Id"] = request_id
+    prefix = _prompt_prefix(body)
+    if router.config.backend == "sglang":
+        from disagg.router.sglang import handle_sglang
+
+        return await handle_sglang(
+            request, router, path, body, headers, prefix, request_id, arrival
+        )
+    route = "skipped"
+    kv_params = None
+    if estimate_tokens(body) >= router.config.pd_threshold and router.prefill.available():
+        kv_params = await _prefill(router, path, body, headers, prefix)
+        route = "disaggregated" if kv_params is not None else "fallback"
+    return await _decode(
+        request, router, path, body, kv_params, headers, route, prefix, request_id, arrival
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await handle(request, "completion", "/v1/completions")
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await handle(request, "chat", "/v1/chat/completions")
+
+
+async def models(request: web.Request) -> web.Response:
+    name = request.app[ROUTER_KEY].config.served_model_name
+    data = [{"id": name, "object": "model", "owned_by": "disagg"}] if name else []
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    router = request.app[ROUTER_KEY]
+    if not router.decode.available():
+        return web.Response(status=503, text="no decode endpoint")
+    return web.Response(text="ok")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, ctype = request.app[ROUTER_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": ctype})
+
+
+def build_app(router: Router) -> web.Application:
+    """The router's aiohttp application."""
+    app = web.Application(client_max_size=router.config.max_body_bytes)
+    app[ROUTER_KEY] = router
+
+    async def open_session(app: web.Application) -> Any:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60)
+        router.session = aiohttp.ClientSession(connector=connector)
+        yield
+        await router.session.close()
+
+    app.cleanup_ctx.append(open_session)
+    app.add_routes([
+        web.post("/v1/completions", completions), web.post("/v1/chat/completions", chat),
+        web.get("/v1/models", models), web.get("/health", health), web.get("/metrics", metrics),
+    ])  # fmt: skip
+    return app
+
+
+def shuffle_room(router: Router) -> int:
+    return router.rng.randint(0, 2**63 - 1)
+
+
+__all__ = ["Router", "RouterConfig", "build_app", "error_response", "shuffle_room"]

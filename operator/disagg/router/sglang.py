@@ -1,0 +1,98 @@
+"""SGLang's P/D protocol: the same request, with bootstrap fields, to both engines at once.
+
+The decode engine waits for the KV from the prefill engine's bootstrap server (host, port,
+room), so the decode response is what the client gets; the prefill response is drained and
+discarded. SGLang decode engines cannot prefill by themselves, so there is no decode-only
+fallback: a failed pair is retried once with another prefill engine, then the request fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from disagg.router import protocol
+from disagg.router.proxy import Router, UpstreamError, _open_decode, _relay, error_response
+
+log = logging.getLogger("disagg.router.sglang")
+DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+async def _drain_prefill(
+    router: Router, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> None:
+    assert router.session is not None
+    timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
+    async with router.session.post(url, json=body, headers=headers, timeout=timeout) as response:
+        await response.read()
+        if response.status >= 500:
+            raise UpstreamError(f"prefill HTTP {response.status}")
+
+
+async def handle_sglang(
+    request: web.Request,
+    router: Router,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    prefix: str,
+    request_id: str,
+    arrival: float,
+) -> web.StreamResponse:
+    tried: set[str] = set()
+    for _ in range(2):
+        prefill = router.picker.pick(router.prefill, prefix, tried)
+        decode = router.picker.pick(router.decode, prefix)
+        if prefill is None or decode is None:
+            break
+        tried.add(prefill.url)
+        room = router.rng.randint(0, 2**63 - 1)
+        paired = protocol.sglang_request(
+            body, prefill.host, prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT, room
+        )
+        with router.metrics.track(prefill, "prefill"), router.metrics.track(decode, "decode"):
+            prefill_task = asyncio.create_task(
+                _drain_prefill(router, prefill.url + path, paired, headers)
+            )
+            try:
+                upstream = await _open_decode(router, decode, path, paired, headers)
+            except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
+                prefill_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await prefill_task
+                router.metrics.upstream_failures.labels(role="decode").inc()
+                log.warning(
+                    "SGLang pair %s -> %s failed for %s: %r",
+                    prefill.url,
+                    decode.url,
+                    request_id,
+                    failure,
+                )
+                continue
+            try:
+                response = await _relay(
+                    request,
+                    router,
+                    upstream,
+                    bool(body.get("stream")),
+                    "disaggregated",
+                    request_id,
+                    arrival,
+                )
+            finally:
+                upstream.release()
+                if not prefill_task.done():
+                    prefill_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await prefill_task
+        router.metrics.requests.labels(path="disaggregated", code=str(response.status)).inc()
+        return response
+    router.metrics.requests.labels(path="disaggregated", code="503").inc()
+    return error_response(
+        503, "no prefill/decode pair could serve the request", "ServiceUnavailableError"
+    )

@@ -1,0 +1,1 @@
+"""Simulators: a vLLM-compatible engine process (no GPU) and, later, whole fleets."""

@@ -1,0 +1,231 @@
+"""The simulated engine's event loop: runs scheduler steps in (scaled) real time.
+
+Each step sleeps for its modelled duration times ``time_scale`` and then hands every emitted
+token to the request's queue. Requests record their own timings; latencies reported anywhere
+are divided by ``time_scale`` so they read as real-GPU seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
+from disagg.sim.kvchannel import KvLender, KvPending, fetch
+from disagg.sim.metrics import EngineMetrics
+from disagg.sim.scheduler import Scheduler, SimRequest
+
+EngineRole = Literal["prefill", "decode", "both"]
+
+
+@dataclass
+class Faults:
+    """Injected faults, settable by flags and at run time through /admin/faults."""
+
+    added_latency_ms: float = 0.0
+    error_rate: float = 0.0
+    crash_after: int | None = None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that shapes one simulated engine."""
+
+    served_model_name: str
+    role: EngineRole
+    shape: EngineShape
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    time_scale: float
+    network: NetworkProfile
+    kv_bytes_scale: float = 1e-4
+    kv_lease_seconds: float = 30.0
+    advertise_host: str = "127.0.0.1"
+    kv_port: int = 0
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Timings:
+    """Wall-clock marks of one request (time.monotonic())."""
+
+    arrival: float
+    scheduled: float | None = None
+    tokens: list[float] = field(default_factory=list)
+
+
+class Engine:
+    """A scheduler driven in real time, with metrics and the KV side channel."""
+
+    def __init__(self, config: EngineConfig, faults: Faults | None = None) -> None:
+        self.config = config
+        self.faults = faults or Faults()
+        self.scheduler = Scheduler(
+            config.shape,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.kv_capacity_tokens,
+        )
+        self.metrics = EngineMetrics(config.served_model_name)
+        self.lender = KvLender(config.kv_lease_seconds * config.time_scale, self._release_held)
+        self.kv_port = config.kv_port
+        self.accepted = 0
+        self._queues: dict[int, asyncio.Queue[float | None]] = {}
+        self._timings: dict[int, Timings] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._block_counter = 0
+        self._rng = random.Random()
+
+    async def start(self, kv_host: str) -> None:
+        self.kv_port = await self.lender.start(kv_host, self.config.kv_port)
+        self._task = asyncio.create_task(self._run(), name="engine loop")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.lender.close()
+
+    def _release_held(self, tokens: int) -> None:
+        self.scheduler.release_held(tokens)
+        self._wake.set()
+
+    def seconds(self, wall: float) -> float:
+        """Wall seconds as simulated GPU seconds."""
+        return wall / self.config.time_scale
+
+    def should_fail(self) -> bool:
+        return self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self.lender.expire()
+            step = self.scheduler.plan()
+            self._publish_gauges()
+            if step.tokens == 0:
+                self._wake.clear()
+                continue
+            now = time.monotonic()
+            for request in [r for r, _ in step.chunks] + step.decodes:
+                timing = self._timings.get(id(request))
+                if timing is not None and timing.scheduled is None:
+                    timing.scheduled = now
+            duration = self.scheduler.duration(step) + self.faults.added_latency_ms / 1000
+            await asyncio.sleep(duration * self.config.time_scale)
+            result = self.scheduler.complete(step)
+            emitted_at = time.monotonic()
+            for request, _ in result.emitted:
+                queue = self._queues.get(id(request))
+                if queue is not None:
+                    queue.put_nowait(emitted_at)
+            for request in result.finished:
+                if request.hold_kv:
+                    nbytes = int(
+                        request.prompt_tokens
+                        * self.config.shape.kv_bytes_per_token
+                        * self.config.kv_bytes_scale
+                    )
+                    self.lender.lend(request.id, request.prompt_tokens, max(1, nbytes))
+                queue = self._queues.get(id(request))
+                if queue is not None:
+                    queue.put_nowait(None)
+            self._publish_gauges()
+
+    def _publish_gauges(self) -> None:
+        s = self.scheduler
+        self.metrics.observe_gauges(len(s.running), len(s.waiting), s.usage)
+
+    def block_ids(self, prompt_tokens: int) -> list[list[int]]:
+        """Opaque KV block ids, as a prefill engine reports them to the router."""
+        count = max(1, -(-prompt_tokens // 16))
+        start = self._block_counter
+        self._block_counter += count
+        return [list(range(start, start + count))]
+
+    async def load_remote_kv(
+        self, host: str, port: int, request_id: str, prompt_tokens: int
+    ) -> None:
+        """Pull the prompt KV from a prefill engine, taking the modelled transfer time."""
+        started = time.monotonic()
+        await fetch(host, port, request_id, read_timeout=30.0)
+        modelled = (
+            transfer_time(self.config.shape, prompt_tokens, self.config.network)
+            * self.config.time_scale
+        )
+        remaining = modelled - (time.monotonic() - started)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+
+    async def wait_remote_kv(
+        self,
+        host: str,
+        port: int,
+        request_id: str,
+        prompt_tokens: int,
+        deadline_seconds: float = 300.0,
+    ) -> None:
+        """SGLang decode: poll the prefill engine's bootstrap server until the KV is ready."""
+        deadline = time.monotonic() + deadline_seconds * self.config.time_scale
+        while True:
+            try:
+                await self.load_remote_kv(host, port, request_id, prompt_tokens)
+                return
+            except KvPending:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.005)
+
+    async def run(self, request: SimRequest, arrival: float) -> AsyncGenerator[float, None]:
+        """Schedule a request and yield the wall time of each of its tokens."""
+        queue: asyncio.Queue[float | None] = asyncio.Queue()
+        timing = Timings(arrival=arrival)
+        self._queues[id(request)] = queue
+        self._timings[id(request)] = timing
+        self.scheduler.add(request)
+        self._wake.set()
+        self.accepted += 1
+        finished = False
+        try:
+            while True:
+                emitted = await queue.get()
+                if emitted is None:
+                    finished = True
+                    break
+                timing.tokens.append(emitted)
+                yield emitted
+        finally:
+            if not finished:
+                self.scheduler.cancel(request)
+                self._wake.set()
+            else:
+                self._record(request, timing)
+            self._queues.pop(id(request), None)
+            self._timings.pop(id(request), None)
+
+    def _record(self, request: SimRequest, timing: Timings) -> None:
+        m, labels = self.metrics, self.metrics.labels
+        tokens = timing.tokens
+        if not tokens:
+            return
+        end = tokens[-1]
+        ttft = self.seconds(tokens[0] - timing.arrival)
+        m.ttft.labels(**labels).observe(ttft)
+        for before, after in itertools.pairwise(tokens):
+            m.itl.labels(**labels).observe(self.seconds(after - before))
+        e2e = self.seconds(end - timing.arrival)
+        tpot = (e2e - ttft) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
+        m.tpot.labels(**labels).observe(tpot)
+        m.e2e.labels(**labels).observe(e2e)
+        if timing.scheduled is not None:
+            m.queue.labels(**labels).observe(self.seconds(timing.scheduled - timing.arrival))
+        m.prompt_tokens.labels(**labels).inc(request.prompt_tokens)
+        m.generation_tokens.labels(**labels).inc(len(tokens))

@@ -1,0 +1,162 @@
+"""The engine simulator's Prometheus metrics: vLLM's names, types, labels and buckets.
+
+Latencies are in simulated seconds (wall time divided by the time scale), so they compare
+directly with real-world SLOs whatever ``--time-scale`` is.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+TTFT_BUCKETS: Final = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS: Final = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS: Final = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+LABELS: Final = ("model_name", "engine")
+
+
+class EngineMetrics:
+    """One registry per simulated engine, labelled like a vLLM DP rank 0."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.labels = {"model_name": model_name, "engine": "0"}
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            LABELS,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            LABELS,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            LABELS,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.running = Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            LABELS,
+            registry=r,
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            LABELS,
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            LABELS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
+        )
+        for metric in (
+            self.running,
+            self.waiting,
+            self.kv_usage,
+            self.prompt_tokens,
+            self.generation_tokens,
+        ):
+            metric.labels(**self.labels)
+
+    def observe_gauges(self, running: int, waiting: int, usage: float) -> None:
+        self.running.labels(**self.labels).set(running)
+        self.waiting.labels(**self.labels).set(waiting)
+        self.kv_usage.labels(**self.labels).set(usage)
