@@ -17,6 +17,7 @@ from disagg import __version__
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.devcluster.cli import register as register_dev
+from disagg.engine.launcher import register as register_engine
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_run(sub)
     register_sim(sub)
     register_router(sub)
+    register_engine(sub)
     return parser
 
 

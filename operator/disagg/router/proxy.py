@@ -293,6 +293,19 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def endpoints(request: web.Request) -> web.Response:
+    """The router's view of both pools (for operators and tests)."""
+    router = request.app[ROUTER_KEY]
+    view = {
+        pool.role: [
+            {"url": e.url, "name": e.name, "in_flight": e.in_flight, "draining": e.draining}
+            for e in sorted(pool.endpoints.values(), key=lambda e: e.url)
+        ]
+        for pool in (router.prefill, router.decode)
+    }
+    return web.json_response(view)
+
+
 async def metrics(request: web.Request) -> web.Response:
     body, ctype = request.app[ROUTER_KEY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": ctype})
@@ -313,12 +326,9 @@ def build_app(router: Router) -> web.Application:
     app.add_routes([
         web.post("/v1/completions", completions), web.post("/v1/chat/completions", chat),
         web.get("/v1/models", models), web.get("/health", health), web.get("/metrics", metrics),
+        web.get("/debug/endpoints", endpoints),
     ])  # fmt: skip
     return app
 
 
-def shuffle_room(router: Router) -> int:
-    return router.rng.randint(0, 2**63 - 1)
-
-
-__all__ = ["Router", "RouterConfig", "build_app", "error_response", "shuffle_room"]
+__all__ = ["Router", "RouterConfig", "build_app", "error_response"]

@@ -12,9 +12,10 @@ import itertools
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
 from disagg.sim.kvchannel import KvLender, KvPending, fetch
@@ -77,6 +78,7 @@ class Engine:
         self.lender = KvLender(config.kv_lease_seconds * config.time_scale, self._release_held)
         self.kv_port = config.kv_port
         self.accepted = 0
+        self.recent: deque[dict[str, Any]] = deque(maxlen=64)
         self._queues: dict[int, asyncio.Queue[float | None]] = {}
         self._timings: dict[int, Timings] = {}
         self._wake = asyncio.Event()

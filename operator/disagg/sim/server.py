@@ -130,6 +130,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         return error(400, "the request body is not valid JSON")
     if not isinstance(body, dict):
         return error(400, "the request body must be a JSON object")
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    engine.recent.append({"path": request.path, "headers": headers, "body": body})
     config = engine.config
     if body.get("model") != config.served_model_name:
         return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
@@ -351,6 +353,11 @@ async def set_faults(request: web.Request) -> web.Response:
     return web.json_response(vars(engine.faults))
 
 
+async def recent_requests(request: web.Request) -> web.Response:
+    """The last requests this engine received, as sent (for tests and debugging)."""
+    return web.json_response(list(request.app[ENGINE_KEY].recent))
+
+
 async def state(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     s = engine.scheduler
@@ -381,6 +388,7 @@ def build_app(engine: Engine, max_body_bytes: int = 8 * 1024 * 1024) -> web.Appl
             web.get("/admin/faults", get_faults),
             web.post("/admin/faults", set_faults),
             web.get("/admin/state", state),
+            web.get("/admin/requests", recent_requests),
         ]
     )
     return app

@@ -1,0 +1,388 @@
+"""The data plane as real processes on loopback: router + 2 prefill + 2 decode simulators."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import aiohttp
+import httpx
+import pytest
+
+from dataplane import (
+    Proc,
+    StreamResult,
+    engine,
+    long_prompt,
+    p99,
+    router,
+    run,
+    start,
+    stream_completion,
+)
+from disagg.router.protocol import PREFILL_KV_PARAMS
+from harness import Kube, wait_for
+
+THRESHOLD = 64
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[dict[str, list[Proc]]]:
+    prefill = [engine(f"prefill-{i}", f"127.43.1.{i}", "prefill") for i in (1, 2)]
+    decode = [engine(f"decode-{i}", f"127.43.2.{i}", "decode") for i in (1, 2)]
+    front = router("router", "127.43.0.1", prefill, decode, "--pd-threshold", str(THRESHOLD))
+    procs = {"prefill": prefill, "decode": decode, "router": [front]}
+    yield procs
+    for group in procs.values():
+        for proc in group:
+            proc.stop()
+
+
+def _recent(proc: Proc, request_id: str) -> list[dict[str, object]]:
+    return [
+        r for r in proc.get("/admin/requests") if r["headers"].get("x-request-id") == request_id
+    ]  # type: ignore[index,union-attr]
+
+
+def test_streamed_chat_goes_prefill_then_decode_with_the_exact_protocol(
+    fleet: dict[str, list[Proc]],
+) -> None:
+    front = fleet["router"][0]
+    prompt = long_prompt(400)
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.2,
+    }
+    with httpx.stream(
+        "POST",
+        front.url + "/v1/chat/completions",
+        json=body,
+        headers={"X-Request-Id": "req-chat-1"},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["X-Disagg-Path"] == "disaggregated"
+        assert response.headers["X-Request-Id"] == "req-chat-1"
+        events = [
+            line.removeprefix("data: ")
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert len(content) == 12 and all(content)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 404,
+        "completion_tokens": 12,
+        "total_tokens": 416,
+    }
+
+    seen_prefill = [r for p in fleet["prefill"] for r in _recent(p, "req-chat-1")]
+    seen_decode = [r for d in fleet["decode"] for r in _recent(d, "req-chat-1")]
+    assert len(seen_prefill) == 1 and len(seen_decode) == 1
+    sent_to_prefill = seen_prefill[0]["body"]
+    expected = {k: v for k, v in body.items() if k != "stream_options"}
+    expected.update(max_tokens=1, stream=False, kv_transfer_params=PREFILL_KV_PARAMS)
+    assert sent_to_prefill == expected
+    sent_to_decode = seen_decode[0]["body"]
+    params = sent_to_decode.pop("kv_transfer_params")  # type: ignore[union-attr]
+    assert sent_to_decode == body
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert params["remote_host"] in ("127.43.1.1", "127.43.1.2") and params["remote_port"] == 5600
+    for key in ("remote_engine_id", "remote_request_id", "remote_block_ids", "tp_size"):
+        assert params[key] is not None
+
+
+def test_short_prompt_skips_prefill(fleet: dict[str, list[Proc]]) -> None:
+    front = fleet["router"][0]
+    response = httpx.post(
+        front.url + "/v1/completions",
+        headers={"X-Request-Id": "req-short"},
+        json={"model": "m", "prompt": "hello there", "max_tokens": 3},
+        timeout=30,
+    )
+    assert response.status_code == 200 and response.headers["X-Disagg-Path"] == "skipped"
+    assert response.json()["usage"]["completion_tokens"] == 3
+    assert not [r for p in fleet["prefill"] for r in _recent(p, "req-short")]
+    decoded = [r for d in fleet["decode"] for r in _recent(d, "req-short")]
+    assert len(decoded) == 1 and "kv_transfer_params" not in decoded[0]["body"]  # type: ignore[operator]
+    metrics = httpx.get(front.url + "/metrics").text
+    assert 'disagg_router_requests_total{code="200",path="skipped"}' in metrics
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "status", "fragment"),
+    [
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", json.dumps({"prompt": "x"}).encode(), 400, "model is required"),
+        ("/v1/completions", json.dumps({"model": "m"}).encode(), 400, "prompt is required"),
+        (
+            "/v1/chat/completions",
+            json.dumps({"model": "m", "messages": []}).encode(),
+            400,
+            "messages is required",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "other", "prompt": "x"}).encode(),
+            404,
+            "does not exist",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "m", "prompt": "x", "stream": "yes"}).encode(),
+            400,
+            "stream must be",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": "m", "prompt": "x" * (5 * 1024 * 1024)}).encode(),
+            413,
+            "exceeds",
+        ),
+        ("/v1/completions", b"[1, 2]", 400, "JSON object"),
+    ],
+    ids=[
+        "bad-json",
+        "no-model",
+        "no-prompt",
+        "no-messages",
+        "unknown-model",
+        "bad-stream",
+        "too-large",
+        "not-object",
+    ],
+)
+def test_malformed_requests_get_openai_errors(
+    fleet: dict[str, list[Proc]], path: str, payload: bytes, status: int, fragment: str
+) -> None:
+    front = fleet["router"][0]
+    response = httpx.post(
+        front.url + path, content=payload, headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["code"] == status
+    assert httpx.get(front.url + "/health").status_code == 200
+
+
+def test_failed_decode_before_first_token_is_retried_elsewhere(
+    fleet: dict[str, list[Proc]],
+) -> None:
+    front, broken = fleet["router"][0], fleet["decode"][0]
+    broken.post("/admin/faults", {"error_rate": 1.0})
+    try:
+        for i in range(6):
+            response = httpx.post(
+                front.url + "/v1/completions",
+                timeout=30,
+                headers={"X-Request-Id": f"retry-{i}"},
+                json={"model": "m", "prompt": long_prompt(200), "max_tokens": 2},
+            )
+            assert response.status_code == 200, response.text
+            assert response.headers["X-Disagg-Path"] == "disaggregated"
+    finally:
+        broken.post("/admin/faults", {"error_rate": 0.0})
+
+
+def test_client_disconnect_cancels_the_engine_request(fleet: dict[str, list[Proc]]) -> None:
+    front = fleet["router"][0]
+
+    async def go() -> None:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": "m", "prompt": "short", "max_tokens": 5000, "stream": True}
+            async with session.post(front.url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                await response.content.readuntil(b"\n\n")
+
+    run(go())
+
+    def idle() -> bool:
+        return all(d.get("/admin/state")["running"] == 0 for d in fleet["decode"])
+
+    wait_for("the decode engines to drop the abandoned request", idle, timeout=10, interval=0.05)
+
+
+def test_killing_a_prefill_engine_mid_run_fails_no_request(tmp_path: object) -> None:
+    prefill = [engine(f"kill-prefill-{i}", f"127.43.4.{i}", "prefill") for i in (1, 2)]
+    decode = [engine(f"kill-decode-{i}", f"127.43.5.{i}", "decode") for i in (1, 2)]
+    front = router(
+        "kill-router",
+        "127.43.4.100",
+        prefill,
+        decode,
+        "--pd-threshold",
+        "16",
+        "--prefill-timeout",
+        "5",
+    )
+    try:
+
+        async def load() -> list[StreamResult]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                tasks = []
+                for i in range(60):
+                    tasks.append(
+                        asyncio.create_task(
+                            stream_completion(session, front.url, long_prompt(300 + i), 8)
+                        )
+                    )
+                    await asyncio.sleep(0.02)
+                    if i == 20:
+                        prefill[0].kill()
+                return await asyncio.gather(*tasks)
+
+        results = run(load())
+        failures = [r for r in results if r.status != 200 or r.error or r.chunks != 8]
+        assert not failures, failures[:3]
+        paths = {r.path for r in results}
+        assert "disaggregated" in paths
+        assert prefill[0].process.returncode is not None
+    finally:
+        for proc in (*prefill, *decode, front):
+            proc.stop()
+
+
+def _interference(colocated: bool, budget: int, subnet: int) -> tuple[float, float]:
+    """ITL p99 of 8 running streams: undisturbed, and overall while a 16k-token prompt arrives."""
+    net = f"127.43.{subnet}"
+    flags = ("--max-num-batched-tokens", str(budget))
+    if colocated:
+        worker = engine(f"itl-both-{subnet}", f"{net}.1", "both", *flags, time_scale=0.5)
+        procs, url = [worker], worker.url
+    else:
+        p = engine(f"itl-prefill-{subnet}", f"{net}.1", "prefill", *flags, time_scale=0.5)
+        d = engine(f"itl-decode-{subnet}", f"{net}.2", "decode", *flags, time_scale=0.5)
+        front = router(f"itl-router-{subnet}", f"{net}.3", [p], [d], "--pd-threshold", "1000")
+        procs, url = [p, d, front], front.url
+    try:
+
+        async def measure() -> tuple[list[float], list[float]]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                streams = [
+                    asyncio.create_task(stream_completion(session, url, "chat turn", 160))
+                    for _ in range(8)
+                ]
+                await asyncio.sleep(0.4)  # let the streams settle into steady decoding first
+                intruder = await stream_completion(session, url, long_prompt(16000), 2)
+                assert intruder.status == 200, intruder.error
+                results = await asyncio.gather(*streams)
+            quiet, overall = [], []
+            for result in results:
+                assert result.status == 200 and result.chunks == 160, result.error
+                quiet += result.gaps[:40]
+                overall += result.gaps
+            return quiet, overall
+
+        quiet, overall = run(measure())
+        return p99(quiet), p99(overall)
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_a_long_prompt_stalls_colocated_decode_but_not_disaggregated_decode() -> None:
+    colocated_quiet, colocated_disturbed = _interference(colocated=True, budget=8192, subnet=10)
+    split_quiet, split_disturbed = _interference(colocated=False, budget=8192, subnet=11)
+    # One 16k-token prompt in a colocated engine stretches every running stream's token gap...
+    assert colocated_disturbed > 5 * colocated_quiet, (colocated_quiet, colocated_disturbed)
+    # ...while on a decode-only engine the prompt's KV arrives ready and nothing stalls.
+    assert split_disturbed < 2 * split_quiet, (split_quiet, split_disturbed)
+    assert split_disturbed < colocated_disturbed / 3
+
+
+def test_chunked_prefill_softens_the_stall() -> None:
+    _, big_budget = _interference(colocated=True, budget=8192, subnet=12)
+    _, small_budget = _interference(colocated=True, budget=512, subnet=13)
+    assert small_budget < big_budget / 2, (small_budget, big_budget)
+
+
+def test_router_discovers_pool_pods_through_the_api_server(kube: Kube, namespace: str) -> None:
+    for role in ("prefill", "decode"):
+        kube.run(
+            "create",
+            "deployment",
+            f"pool-{role}",
+            "--image=example.invalid/engine",
+            "--replicas=2",
+            "--port=8000",
+            "-n",
+            namespace,
+        )
+        kube.run("label", "deployment", f"pool-{role}", f"disagg.dev/role={role}", "-n", namespace)
+        kube.run(
+            "patch",
+            "deployment",
+            f"pool-{role}",
+            "-n",
+            namespace,
+            "--type=json",
+            "-p",
+            json.dumps(
+                [
+                    {
+                        "op": "add",
+                        "path": "/spec/template/metadata/labels/disagg.dev~1role",
+                        "value": role,
+                    },
+                    {
+                        "op": "add",
+                        "path": "/spec/template/spec/containers/0/ports/0/name",
+                        "value": "http",
+                    },
+                ]
+            ),
+        )
+    front = start(
+        "discovery-router",
+        "router",
+        "--host",
+        "127.43.30.1",
+        "--port",
+        "8000",
+        "--discover",
+        "--kubeconfig",
+        str(kube.layout.kubeconfig),
+        "--namespace",
+        namespace,
+        "--prefill-selector",
+        "disagg.dev/role=prefill",
+        "--decode-selector",
+        "disagg.dev/role=decode",
+        url="http://127.43.30.1:8000",
+        ready_path="/debug/endpoints",
+    )
+    try:
+
+        def discovered() -> dict[str, list[dict[str, object]]] | None:
+            view = front.get("/debug/endpoints")
+            ready = all(
+                len([e for e in view[r] if not e["draining"]]) == 2 for r in ("prefill", "decode")
+            )
+            return view if ready else None
+
+        view = wait_for("two ready endpoints per pool", discovered, timeout=60)
+        pods = {
+            p["metadata"]["name"]: p
+            for p in kube.items("pods", namespace, "disagg.dev/role=prefill")
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        urls = {f"http://{p['status']['podIP']}:8000" for p in pods.values()}
+        assert {e["url"] for e in view["prefill"]} == urls
+
+        victim = sorted(pods)[0]
+        kube.run("delete", "pod", victim, "-n", namespace, "--wait=false")
+        wait_for(
+            "the deleted pod to leave the prefill pool",
+            lambda: victim not in {e["name"] for e in front.get("/debug/endpoints")["prefill"]},
+            timeout=30,
+        )
+    finally:
+        front.stop()
