@@ -7,15 +7,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DISAGG_CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE
-LINT_DIRS := $(wildcard operator tests e2e bench)
+LINT_DIRS := $(wildcard operator tests e2e bench manifests)
 
-.PHONY: help venv test test-fast test-e2e lint crds demo demo-down binaries system-packages clean
+.PHONY: help venv test test-fast test-e2e lint crds manifests demo demo-down binaries system-packages clean
 
 help:
 	@echo "make test   - lint, fast tests and e2e tests against the local control plane"
 	@echo "make demo   - the whole system end to end on this machine"
 	@echo "make lint   - ruff, mypy --strict, import-linter"
-	@echo "make crds   - regenerate crds/ from the pydantic models"
+	@echo "make crds   - regenerate crds/ (and the chart's copy) from the pydantic models"
+	@echo "make manifests - regenerate manifests/install.yaml and the Argo CD health patch"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +40,10 @@ lint: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/disagg crds --output-dir crds
+	cp crds/disaggregatedmodels.disagg.dev.yaml charts/disagg-operator/files/
+
+manifests: $(STAMP) binaries
+	$(BIN)/python manifests/generate.py $(DISAGG_CACHE)/bin/helm/helm
 
 test-fast: $(STAMP)
 	$(BIN)/pytest tests -q

@@ -39,8 +39,9 @@ def kube() -> Iterator[Kube]:
         down(layout, _say)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def operator(kube: Kube) -> Iterator[Operator]:
+    """An admin-credentialed operator for one test module (modules that test RBAC run their own)."""
     op = Operator(kube.layout, "--resync-seconds=3", "--lease-name=disagg-e2e")
     wait_for(
         "the operator to lead",

@@ -288,6 +288,7 @@ class KubeClient:
         return await self._call(
             "PATCH",
             resource_path(kind, namespace, name) + "/status",
+            params={"fieldManager": MANAGER},
             content=json.dumps({"status": status}),
             headers={"Content-Type": "application/merge-patch+json"},
         )

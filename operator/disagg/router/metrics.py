@@ -9,8 +9,8 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from disagg.router.endpoints import Endpoint
-from disagg.sim.metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 PATHS: Final = ("disaggregated", "skipped", "fallback")
 

@@ -1,0 +1,428 @@
+"""Install paths: the Helm chart, kubectl apply, least-privilege RBAC, and GitOps co-existence."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from disagg.devcluster.layout import cache_dir
+from harness import EXAMPLES, ROOT, Kube, Operator, condition, wait_for
+
+CHART = ROOT / "charts" / "disagg-operator"
+HELM = cache_dir() / "bin" / "helm" / "helm"
+sys.path.insert(0, str(ROOT / "manifests"))
+import generate  # noqa: E402
+
+
+def helm(
+    *args: str, check: bool = True, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env_args = [f"--kubeconfig={kubeconfig}"] if kubeconfig else []
+    if args[0] == "template":
+        env_args.append("--kube-version=1.35.4")
+    result = subprocess.run(
+        [str(HELM), *args, *env_args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_helm_lint_strict() -> None:
+    for values in sorted((CHART / "ci").glob("*-values.yaml")):
+        result = helm("lint", "--strict", str(CHART), "-f", str(values))
+        assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("values", sorted(p.name for p in (CHART / "ci").glob("*-values.yaml")))
+def test_helm_template_with_each_ci_values_file(values: str) -> None:
+    docs = _docs(
+        helm("template", "r", str(CHART), "-n", "ops", "-f", str(CHART / "ci" / values)).stdout
+    )
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "r-disagg-operator") in kinds
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    for role in roles:
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+    if values == "namespaced-values.yaml":
+        assert not [d for d in docs if d["kind"] == "ClusterRole"]
+        assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"} == {
+            "team-a",
+            "team-b",
+        }
+        assert (
+            "--namespace=team-a" in container["args"]
+            and "--no-leader-election" in container["args"]
+        )
+        assert not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    if values == "monitoring-values.yaml":
+        monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+        assert "annotations" not in crd["metadata"]
+    if values == "default-values.yaml":
+        assert deployment["spec"]["replicas"] == 2 and "--leader-election" in container["args"]
+        assert not [d for d in docs if d["kind"] == "ServiceMonitor"], (
+            "no Prometheus Operator API here"
+        )
+
+
+def test_chart_crd_equals_the_generated_crd() -> None:
+    docs = _docs(helm("template", "r", str(CHART)).stdout)
+    crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+    assert crd["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    generated = yaml.safe_load((ROOT / "crds" / "disaggregatedmodels.disagg.dev.yaml").read_text())
+    assert crd == generated
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("replicaCount=two", "/replicaCount"),
+        ("watch.namespaces={Bad_NS}", "/watch/namespaces/0"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("nosuchkey=1", "nosuchkey"),
+    ],
+)
+def test_bad_values_are_rejected_with_a_message(flag: str, message: str) -> None:
+    result = helm("template", "r", str(CHART), "--set", flag, check=False)
+    assert result.returncode != 0
+    assert (
+        "values don't meet the specifications of the schema" in result.stderr
+        and message in result.stderr
+    )
+
+
+def test_install_yaml_is_generated_from_the_chart() -> None:
+    committed = (ROOT / "manifests" / "install.yaml").read_text()
+    assert committed == generate.install_yaml(str(HELM)), "run `make manifests`"
+    kustomization = yaml.safe_load((ROOT / "manifests" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["install.yaml"]
+
+
+def _sa_kubeconfig(kube: Kube, namespace: str, service_account: str, path: Path) -> Path:
+    token = kube.run(
+        "create", "token", service_account, "-n", namespace, "--duration=2h"
+    ).stdout.strip()
+    ca = base64.b64encode((kube.layout.pki / "ca.crt").read_bytes()).decode()
+    server = yaml.safe_load(kube.layout.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "sa",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": server, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def release(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """The chart installed by `helm install` (CRD already present); yields (namespace, SA kubeconfig)."""
+    namespace = f"disagg-{uuid.uuid4().hex[:6]}"
+    kube.run("create", "namespace", namespace)
+    # The operator pods must pass the restricted Pod Security profile, enforced by the API server.
+    kube.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    helm(
+        "install",
+        "disagg-operator",
+        str(CHART),
+        "-n",
+        namespace,
+        "--set",
+        "crds.enabled=false",
+        "--wait=false",
+        kubeconfig=kube.layout.kubeconfig,
+    )
+    try:
+        yield (
+            namespace,
+            _sa_kubeconfig(kube, namespace, "disagg-operator", tmp_path / "sa.kubeconfig"),
+        )
+    finally:
+        helm(
+            "uninstall",
+            "disagg-operator",
+            "-n",
+            namespace,
+            check=False,
+            kubeconfig=kube.layout.kubeconfig,
+        )
+        kube.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _apply_example(kube: Kube, namespace: str, name: str = "minimal") -> dict[str, Any]:
+    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    kube.apply(yaml.safe_dump(manifest), namespace)
+    return manifest
+
+
+def test_helm_install_runs_the_operator_under_its_own_least_privilege_account(
+    kube: Kube, release: tuple[str, Path], namespace: str
+) -> None:
+    release_ns, sa_kubeconfig = release
+    deployment = kube.get("deployment", "disagg-operator", release_ns)
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+    wait_for(
+        "the chart's operator pods to be Ready (kwok)",
+        lambda: (
+            (kube.get("deployment", "disagg-operator", release_ns) or {})
+            .get("status", {})
+            .get("readyReplicas")
+            == 2
+        ),
+        timeout=60,
+    )
+    can = kube.run(
+        "auth",
+        "can-i",
+        "create",
+        "secrets",
+        f"--as=system:serviceaccount:{release_ns}:disagg-operator",
+        "-n",
+        namespace,
+        check=False,
+    )
+    assert can.stdout.strip() == "no"
+    operator = Operator(
+        kube.layout,
+        f"--kubeconfig={sa_kubeconfig}",
+        f"--lease-namespace={release_ns}",
+        f"--namespace={namespace}",
+        "--resync-seconds=3",
+        log_name="helm-sa",
+    )
+    try:
+        wait_for(
+            "the operator to lead",
+            lambda: operator.metrics().get("disagg_operator_leader") == 1.0,
+            timeout=30,
+        )
+        _apply_example(kube, namespace)
+        kube.run(
+            "wait",
+            "--for=condition=Ready",
+            "dm/qwen-small",
+            "-n",
+            namespace,
+            "--timeout=60s",
+            timeout=90,
+        )
+        events = [e for e in kube.items("events", namespace) if e["reason"] == "Created"]
+        assert events, "the operator posts Events under its account"
+        errors = operator.metrics().get('disagg_operator_reconcile_total{result="error"}', 0.0)
+        assert errors == 0.0, operator.log_path.read_text()[-2000:]
+    finally:
+        operator.stop()
+
+
+RULE_CHECKS = [
+    ("disaggregatedmodels", "never reconciles"),
+    ("disaggregatedmodels/status", "fails"),
+    ("deployments", "fails"),
+    ("services", "fails"),
+    ("poddisruptionbudgets", "fails"),
+    ("roles", "fails"),
+    ("pods", "fails"),
+    ("events", "posts no events"),
+]
+
+
+def test_removing_any_one_rule_breaks_something(
+    kube: Kube, release: tuple[str, Path], namespace: str
+) -> None:
+    _, sa_kubeconfig = release
+    original = kube.get("clusterrole", "disagg-operator", "")
+    assert original is not None
+    try:
+        for resource, symptom in RULE_CHECKS:
+            role = copy.deepcopy(original)
+            role["rules"] = [r for r in role["rules"] if resource not in r["resources"]]
+            assert len(role["rules"]) == len(original["rules"]) - 1, resource
+            for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+                role["metadata"].pop(key, None)
+            kube.run("replace", "-f", "-", stdin=json.dumps(role))
+            model_ns = f"{namespace}-{resource.split('/')[-1][:8]}"
+            kube.run("create", "namespace", model_ns)
+            operator = Operator(
+                kube.layout,
+                f"--kubeconfig={sa_kubeconfig}",
+                "--no-leader-election",
+                "--resync-seconds=2",
+                f"--namespace={model_ns}",
+                log_name=f"rbac-{resource.replace('/', '-')}",
+            )
+            try:
+                wait_for(
+                    f"the default SA in {model_ns}",
+                    lambda ns=model_ns: kube.get("serviceaccount", "default", ns),
+                    timeout=30,
+                )
+                _apply_example(kube, model_ns)
+                if symptom == "fails":
+                    wait_for(
+                        f"a failed reconcile without {resource}",
+                        lambda op=operator: (
+                            op.metrics().get('disagg_operator_reconcile_total{result="error"}', 0)
+                            >= 1
+                        ),
+                        timeout=30,
+                    )
+                elif symptom == "never reconciles":
+                    wait_for(
+                        "the operator to report that it may not list models",
+                        lambda op=operator: "forbidden" in op.log_path.read_text().lower(),
+                        timeout=30,
+                    )
+                    assert operator.reconciles() == 0
+                    assert condition(kube.get("dm", "qwen-small", model_ns), "Ready") is None
+                else:
+                    wait_for(
+                        "the model to become Ready anyway",
+                        lambda ns=model_ns: (
+                            (condition(kube.get("dm", "qwen-small", ns), "Ready") or {}).get(
+                                "status"
+                            )
+                            == "True"
+                        ),
+                        timeout=30,
+                    )
+                    assert not [
+                        e
+                        for e in kube.items("events", model_ns)
+                        if e.get("source", {}).get("component") == "disagg-operator"
+                    ]
+            finally:
+                operator.stop()
+                kube.run("delete", "namespace", model_ns, "--wait=false", check=False)
+    finally:
+        restored = copy.deepcopy(original)
+        for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+            restored["metadata"].pop(key, None)
+        kube.run("replace", "-f", "-", stdin=json.dumps(restored))
+
+
+def test_kubectl_apply_install_yaml_brings_the_operator_up(kube: Kube) -> None:
+    result = kube.run(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        str(ROOT / "manifests" / "install.yaml"),
+    )
+    assert "deployment.apps/disagg-operator serverside-applied" in result.stdout
+    try:
+        wait_for(
+            "the operator Deployment to be available",
+            lambda: (
+                (kube.get("deployment", "disagg-operator", "disagg-system") or {})
+                .get("status", {})
+                .get("readyReplicas")
+                == 2
+            ),
+            timeout=60,
+        )
+        sa = kube.get("serviceaccount", "disagg-operator", "disagg-system")
+        assert sa is not None
+        ns = kube.get("namespace", "disagg-system", "")
+        assert (
+            ns is not None
+            and ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+        )
+    finally:
+        docs = [
+            d
+            for d in _docs((ROOT / "manifests" / "install.yaml").read_text())
+            if d["kind"] not in ("CustomResourceDefinition",)
+        ]
+        kube.run(
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(docs),
+            check=False,
+        )
+
+
+def test_gitops_reapply_after_the_operator_worked_changes_nothing(
+    kube: Kube, operator: Operator, namespace: str
+) -> None:
+    manifest = _example_with_autoscaling()
+    applied = yaml.safe_dump(manifest)
+    kube.apply(applied, namespace, "--server-side", "--field-manager=argocd-controller")
+    kube.run(
+        "wait", "--for=condition=Ready", "dm/llama-8b", "-n", namespace, "--timeout=60s", timeout=90
+    )
+    before = kube.get("dm", "llama-8b", namespace)
+    assert before is not None
+    # A GitOps tool syncing the same file again: no conflict, no change to what Git holds.
+    for _ in range(2):
+        result = kube.apply(
+            applied, namespace, "--server-side", "--field-manager=argocd-controller"
+        )
+        assert result.returncode == 0 and "conflict" not in result.stderr.lower()
+    after = kube.get("dm", "llama-8b", namespace)
+    assert after is not None
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"] == before["spec"]
+    fields = kube.json("get", "dm", "llama-8b", "-n", namespace, "--show-managed-fields")[
+        "metadata"
+    ]["managedFields"]
+    managers = {m["manager"]: m for m in fields}
+    assert managers["disagg-operator"]["subresource"] == "status", "the operator writes only status"
+    assert "kopf.zalando.org/last-handled-configuration" not in after["metadata"].get(
+        "annotations", {}
+    )
+    assert not after["metadata"].get("finalizers")
+    diff = kube.run(
+        "diff",
+        "--server-side",
+        "--field-manager=argocd-controller",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        stdin=applied,
+        check=False,
+    )
+    assert diff.returncode == 0, f"a GitOps diff would show drift:\n{diff.stdout}"
+
+
+def _example_with_autoscaling() -> dict[str, Any]:
+    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / "llama-8b-nixl-rdma.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    return manifest

@@ -1,0 +1,185 @@
+"""Install artefacts: images, chart pins, generated files and the Argo CD health check."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import lupa
+import pytest
+import yaml
+
+from conftest import ROOT
+from disagg import versions
+
+CHART = ROOT / "charts" / "disagg-operator"
+HEALTH_LUA = (ROOT / "manifests" / "argocd" / "health.lua").read_text()
+
+
+def _dockerfile(name: str) -> str:
+    return (ROOT / "images" / name / "Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("image", ["operator", "engine", "router"])
+def test_dockerfiles_pass_hadolint(image: str) -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    result = subprocess.run(
+        [str(hadolint), str(ROOT / "images" / image / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pinned_versions_agree_everywhere() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert project["version"] == versions.VERSION == chart["appVersion"] == chart["version"]
+    assert (
+        f"{values['image']['repository']}:{chart['appVersion']}" == versions.DEFAULT_OPERATOR_IMAGE
+    )
+    engine = _dockerfile("engine")
+    assert f"vllm/vllm-openai:v{versions.VLLM_VERSION}" in engine
+    assert f"lmsysorg/sglang:v{versions.SGLANG_VERSION}" in engine
+    assert f'"${{VERSION}}-vllm{versions.VLLM_VERSION}"' in engine
+    assert f'"${{VERSION}}-sglang{versions.SGLANG_VERSION}"' in engine
+    assert versions.DEFAULT_VLLM_IMAGE.endswith(f":{versions.VERSION}-vllm{versions.VLLM_VERSION}")
+    for image in ("operator", "engine", "router"):
+        assert f"ARG VERSION={versions.VERSION}" in _dockerfile(image)
+    for image in ("operator", "router"):
+        assert re.search(r"FROM \$\{PYTHON_IMAGE\}", _dockerfile(image))
+        assert "python:3.11.11-slim-bookworm" in _dockerfile(image), "base images are pinned"
+        assert "USER 65532:65532" in _dockerfile(image)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--help"],
+        ["router", "--help"],
+        ["engine", "launch", "--help"],
+        ["sim", "engine", "--help"],
+    ],
+    ids=lambda a: " ".join(a[:-1]),
+)
+def test_image_entrypoints_exist_and_run(argv: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "disagg.cli", *argv], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: disagg" in result.stdout
+
+
+def test_chart_crd_is_the_generated_one() -> None:
+    committed = (ROOT / "crds" / "disaggregatedmodels.disagg.dev.yaml").read_bytes()
+    assert (CHART / "files" / "disaggregatedmodels.disagg.dev.yaml").read_bytes() == committed, (
+        "run `make crds`"
+    )
+
+
+def test_argocd_patch_is_generated_from_health_lua() -> None:
+    sys.path.insert(0, str(ROOT / "manifests"))
+    import generate
+
+    committed = (ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml").read_text()
+    assert committed == generate.argocd_patch(), "run `make manifests`"
+    data = yaml.safe_load(committed)["data"][
+        "resource.customizations.health.disagg.dev_DisaggregatedModel"
+    ]
+    assert data.strip() == HEALTH_LUA.strip()
+
+
+def _health(obj: dict[str, Any]) -> tuple[str, str]:
+    runtime = lupa.LuaRuntime(unpack_returned_tuples=True)
+
+    def to_lua(value: Any) -> Any:
+        if isinstance(value, dict):
+            return runtime.table_from({k: to_lua(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return runtime.table_from([to_lua(v) for v in value])
+        return value
+
+    runtime.globals().obj = to_lua(obj)
+    result = runtime.execute(HEALTH_LUA)
+    return str(result["status"]), str(result["message"])
+
+
+def _model(
+    generation: int, observed: int | None, **conditions: tuple[str, str, str]
+) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "conditions": [
+            {"type": t, "status": s, "reason": r, "message": m}
+            for t, (s, r, m) in conditions.items()
+        ]
+    }
+    if observed is not None:
+        status["observedGeneration"] = observed
+    return {"metadata": {"generation": generation}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("obj", "status", "message"),
+    [
+        ({"metadata": {"generation": 1}}, "Progressing", "Waiting for the disagg operator"),
+        (
+            _model(
+                1,
+                1,
+                Ready=("True", "AllComponentsReady", "all good"),
+                Progressing=("False", "RolloutComplete", ""),
+            ),
+            "Healthy",
+            "all good",
+        ),
+        (_model(2, 1, Ready=("True", "AllComponentsReady", "ok")), "Progressing", "generation 2"),
+        (
+            _model(
+                1,
+                1,
+                Ready=("True", "AllComponentsReady", "ok"),
+                Progressing=("True", "RollingOut", "prefill: 1/2 updated"),
+            ),
+            "Progressing",
+            "Rolling out: prefill: 1/2 updated",
+        ),
+        (
+            _model(1, 1, Ready=("False", "ComponentsNotReady", "no ready replica yet in: decode")),
+            "Progressing",
+            "no ready replica yet in: decode",
+        ),
+        (
+            _model(
+                1,
+                1,
+                Ready=("False", "ComponentsNotReady", ""),
+                Degraded=("True", "Unschedulable", "prefill pod p: Insufficient nvidia.com/gpu"),
+            ),
+            "Degraded",
+            "Unschedulable: prefill pod p: Insufficient nvidia.com/gpu",
+        ),
+        (
+            _model(3, 2, Degraded=("True", "InvalidSpec", "spec.x: unknown field")),
+            "Degraded",
+            "InvalidSpec: spec.x",
+        ),
+    ],
+    ids=[
+        "no-status",
+        "healthy",
+        "stale-generation",
+        "rolling",
+        "not-ready",
+        "unschedulable",
+        "invalid-spec",
+    ],
+)
+def test_argocd_health_maps_conditions(obj: dict[str, Any], status: str, message: str) -> None:
+    got_status, got_message = _health(obj)
+    assert got_status == status and message in got_message
