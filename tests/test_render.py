@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, example_paths, load_example
 from disagg.api import parse_model
 from disagg.render import RenderContext, render_all
+from disagg.render.workers import pool_replicas
 from disagg.yamlio import dump_all
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -299,15 +300,56 @@ def test_disabled_router_renders_no_router_objects() -> None:
     assert all(o["metadata"]["labels"]["disagg.dev/role"] != "router" for o in objects)
 
 
-def test_autoscaler_decision_sets_replicas_within_bounds() -> None:
+def test_autoscaled_pools_leave_replicas_to_the_autoscaler() -> None:
     manifest = load_example("llama-8b-nixl-rdma")
     deployments = {
-        o["metadata"]["name"]: o["spec"]["replicas"]
-        for o in _render(manifest, prefill=5, decode=30)
-        if o["kind"] == "Deployment"
+        o["metadata"]["name"]: o["spec"] for o in _render(manifest) if o["kind"] == "Deployment"
     }
-    assert deployments["llama-8b-prefill"] == 5
-    assert deployments["llama-8b-decode"] == 8  # clamped to maxReplicas
+    assert (
+        "replicas" not in deployments["llama-8b-prefill"]
+        and "replicas" not in deployments["llama-8b-decode"]
+    )
+    assert deployments["llama-8b-router"]["replicas"] == 2
+    ctx = RenderContext(
+        parse_model({**manifest, "metadata": {**manifest["metadata"], "uid": "u"}}),
+        replicas={"prefill": 5, "decode": 30},
+    )
+    assert pool_replicas(ctx, "prefill") == 5
+    assert pool_replicas(ctx, "decode") == 8  # clamped to maxReplicas
+    assert not [
+        o for o in _render(manifest) if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")
+    ]
+
+
+def test_external_mode_renders_keda_scaled_objects_from_the_same_queries() -> None:
+    manifest = load_example("llama-8b-nixl-rdma")
+    manifest["spec"]["autoscaling"].update(mode="external")
+    scalers = {o["metadata"]["name"]: o for o in _render(manifest) if o["kind"] == "ScaledObject"}
+    prefill = scalers["llama-8b-prefill"]["spec"]
+    assert prefill["scaleTargetRef"]["name"] == "llama-8b-prefill"
+    assert (prefill["minReplicaCount"], prefill["maxReplicaCount"]) == (1, 6)
+    trigger = prefill["triggers"][0]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1.5"
+    assert trigger["metadata"]["query"] == (
+        "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
+        '{namespace="inference",disagg_model="llama-8b",disagg_role="prefill"}[120s])))'
+    )
+    decode = scalers["llama-8b-decode"]["spec"]
+    assert "inter_token_latency_seconds" in decode["triggers"][0]["metadata"]["query"]
+    assert decode["triggers"][0]["metadata"]["threshold"] == "0.04"
+    behavior = decode["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 300
+    manifest["spec"]["autoscaling"].update(externalScaler="hpa")
+    hpa = next(o for o in _render(manifest) if o["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "disagg_ttft_p99_seconds"
+    assert hpa["spec"]["metrics"][0]["external"]["target"] == {"type": "Value", "value": "1500m"}
+
+
+def test_engine_pods_drain_before_they_stop() -> None:
+    container = _engine(_render(load_example("minimal")), "qwen-small-prefill")
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:3] == ["disagg", "engine", "drain"] and _flag(command, "--port") == "8000"
+    assert float(_flag(command, "--timeout") or 0) < 120
 
 
 def test_user_env_overrides_and_pool_env_wins() -> None:

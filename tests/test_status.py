@@ -108,14 +108,42 @@ def test_transition_time_moves_only_when_status_changes() -> None:
     assert _cond(changed, "Ready").last_transition_time == T1
 
 
-def test_scaling_active_says_why_pools_keep_spec_replicas() -> None:
+def test_scaling_conditions_by_mode() -> None:
     off = compute_status(Observed(generation=1, deployments=_healthy()), None, T0)
     assert _cond(off, "ScalingActive").reason == "AutoscalingDisabled"
-    on = compute_status(
+    starting = compute_status(
         Observed(generation=1, deployments=_healthy(), autoscaling_enabled=True), None, T0
     )
-    scaling = _cond(on, "ScalingActive")
-    assert scaling.status == "False" and scaling.reason == "AutoscalerNotAvailable"
+    assert (_cond(starting, "ScalingActive").status, _cond(starting, "ScalingActive").reason) == (
+        "Unknown",
+        "AutoscalerStarting",
+    )
+    # What the autoscaler wrote survives the reconciler's recomputation.
+    tracked = starting.model_copy(
+        update={
+            "conditions": [
+                *[c for c in starting.conditions if c.type != "ScalingActive"],
+                _cond(starting, "ScalingActive").model_copy(
+                    update={"status": "False", "reason": "MetricsUnavailable"}
+                ),
+            ]
+        }
+    )
+    again = compute_status(
+        Observed(generation=1, deployments=_healthy(), autoscaling_enabled=True), tracked, T1
+    )
+    assert _cond(again, "ScalingActive").reason == "MetricsUnavailable"
+    external = compute_status(
+        Observed(
+            generation=1,
+            deployments=_healthy(),
+            autoscaling_enabled=True,
+            autoscaling_mode="external",
+        ),
+        None,
+        T0,
+    )
+    assert _cond(external, "ScalingActive").reason == "ExternalScaler"
 
 
 def test_invalid_spec_keeps_other_conditions_and_sets_degraded() -> None:

@@ -40,6 +40,7 @@ class Observed:
     router_enabled: bool = True
     router_endpoint: str | None = None
     autoscaling_enabled: bool = False
+    autoscaling_mode: str = "builtin"
 
 
 def _deployment_counts(deployment: Obj | None) -> tuple[int, int, int]:
@@ -192,16 +193,21 @@ def compute_status(
     else:
         degraded = _condition("Degraded", "False", "AsExpected", "", gen, prev_conditions, now)
 
-    if obs.autoscaling_enabled:
+    extra: list[Condition] = []
+    if obs.autoscaling_enabled and obs.autoscaling_mode == "external":
         scaling = _condition(
-            "ScalingActive",
-            "False",
-            "AutoscalerNotAvailable",
-            "this operator version has no SLO autoscaler yet; pools keep spec replicas",
-            gen,
-            prev_conditions,
-            now,
-        )
+            "ScalingActive", "True", "ExternalScaler",
+            "replica counts are managed by the rendered KEDA ScaledObjects or HPAs",
+            gen, prev_conditions, now,
+        )  # fmt: skip
+    elif obs.autoscaling_enabled:
+        # The autoscaler owns these two conditions; keep what it last wrote.
+        scaling = prev_conditions.get("ScalingActive") or _condition(
+            "ScalingActive", "Unknown", "AutoscalerStarting",
+            "waiting for the first autoscaler evaluation", gen, prev_conditions, now,
+        )  # fmt: skip
+        if "ScalingLimited" in prev_conditions:
+            extra.append(prev_conditions["ScalingLimited"])
     else:
         scaling = _condition(
             "ScalingActive",
@@ -215,7 +221,7 @@ def compute_status(
 
     return DisaggregatedModelStatus(
         observed_generation=gen,
-        conditions=_order([ready, progressing, degraded, scaling]),
+        conditions=_order([ready, progressing, degraded, scaling, *extra]),
         prefill=prefill,
         decode=decode,
         router=router,

@@ -67,11 +67,21 @@ and shows that each removal breaks something.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# External autoscaling (spec.autoscaling.mode: external): HPAs, or KEDA ScaledObjects when
+# KEDA is installed (listing them is skipped when its API is absent).
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["keda.sh"]
+  resources: ["scaledobjects"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Pods: status (ready counts, Unschedulable). get/list/watch are also what the router Role
-# grants, and Kubernetes only lets the operator grant permissions it holds itself.
+# grants, and Kubernetes only lets the operator grant permissions it holds itself. patch: the
+# autoscaler sets controller.kubernetes.io/pod-deletion-cost on the least-loaded pods before a
+# scale-down, so the ReplicaSet removes those first.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["get", "list", "watch", "patch"]
 # Events about each model (kubectl describe dm).
 - apiGroups: [""]
   resources: ["events"]

@@ -390,10 +390,46 @@ class ScaleDownBehavior(ApiModel):
     )
 
 
+class QueryOverrides(ApiModel):
+    """PromQL that replaces a default query. ``$selector`` and ``$window`` are substituted."""
+
+    ttft_p99: str | None = Field(default=None, min_length=1, description="TTFT p99, seconds.")
+    tpot_p99: str | None = Field(
+        default=None, min_length=1, description="Inter-token p99, seconds."
+    )
+    queue: str | None = Field(
+        default=None, min_length=1, description="Waiting requests in the pool."
+    )
+    running: str | None = Field(
+        default=None, min_length=1, description="Running requests in the pool."
+    )
+    kv_usage: str | None = Field(
+        default=None, min_length=1, description="Mean KV-cache usage, 0..1."
+    )
+    request_rate: str | None = Field(default=None, min_length=1, description="Requests per second.")
+    pods_reporting: str | None = Field(
+        default=None, min_length=1, description="Number of pods whose metrics are present."
+    )
+    last_sample: str | None = Field(
+        default=None, min_length=1, description="Unix time of the newest sample (staleness check)."
+    )
+
+
 class AutoscalingSpec(ApiModel):
     """SLO-driven autoscaling: prefill from TTFT, decode from TPOT, read from Prometheus."""
 
     enabled: bool = Field(default=False, description="Let the autoscaler size both pools.")
+    mode: Literal["builtin", "external"] = Field(
+        default="builtin",
+        description="builtin: the operator's SLO autoscaler sizes the pools. external: the "
+        "operator renders a KEDA ScaledObject or an HPA per pool from the same queries and leaves "
+        "replica counts to it.",
+    )
+    external_scaler: Literal["keda", "hpa"] = Field(
+        default="keda",
+        description="With mode external: KEDA ScaledObjects (Prometheus trigger) or HPAs on "
+        "external metrics served by prometheus-adapter.",
+    )
     ttft_p99: Duration = Field(
         default="2s", description="Time-to-first-token p99 target; drives the prefill pool."
     )
@@ -418,6 +454,9 @@ class AutoscalingSpec(ApiModel):
     )
     max_total_gpus: int | None = Field(
         default=None, ge=1, description="GPU budget of both pools together. Default: none."
+    )
+    queries: QueryOverrides | None = Field(
+        default=None, description="Replace any of the default PromQL queries."
     )
 
     rules: ClassVar = (

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from disagg.engine.drain import register as register_drain
 from disagg.engine.preflight import Findings, preflight
 
 EX_CONFIG = 78
@@ -122,3 +123,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = actions.add_parser("launch", help="RDMA preflight, fill in pod settings, exec the engine")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- followed by the engine argv")
     run.set_defaults(func=cmd_launch)
+    register_drain(actions)

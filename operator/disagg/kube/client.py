@@ -34,6 +34,8 @@ RESOURCES: Final[dict[str, tuple[str, str]]] = {
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
+    "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
+    "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     "DisaggregatedModel": ("/apis/disagg.dev/v1alpha1", "disaggregatedmodels"),
 }
 CLUSTER_SCOPED: Final = frozenset({"Namespace"})
@@ -231,17 +233,28 @@ class KubeClient:
                     event = json.loads(line)
                     yield str(event.get("type")), event.get("object", {})
 
-    async def apply(self, obj: Obj, *, force: bool = True) -> Obj:
-        """Server-side apply under the operator's field manager."""
+    async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
+        """Server-side apply under a field manager (the operator's by default)."""
         kind = obj["kind"]
         meta = obj["metadata"]
         self._on_write(kind, "apply")
         return await self._call(
             "PATCH",
             resource_path(kind, meta.get("namespace"), meta["name"]),
-            params={"fieldManager": MANAGER, "force": "true" if force else "false"},
+            params={"fieldManager": manager, "force": "true" if force else "false"},
             content=json.dumps(obj),
             headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+
+    async def patch(self, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
+        """JSON merge patch of an object."""
+        self._on_write(kind, "patch")
+        return await self._call(
+            "PATCH",
+            resource_path(kind, namespace, name),
+            params={"fieldManager": MANAGER},
+            content=json.dumps(patch),
+            headers={"Content-Type": "application/merge-patch+json"},
         )
 
     async def create(self, obj: Obj) -> Obj:
@@ -282,13 +295,19 @@ class KubeClient:
             raise
         return True
 
-    async def patch_status(self, kind: str, namespace: str, name: str, status: Obj) -> Obj:
-        """Merge-patch the status subresource."""
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Obj, resource_version: str | None = None
+    ) -> Obj:
+        """Merge-patch the status subresource; with ``resource_version``, only if unchanged
+        since then (a 409 otherwise), so two writers never silently overwrite each other."""
         self._on_write(kind, "patch-status")
+        body: Obj = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return await self._call(
             "PATCH",
             resource_path(kind, namespace, name) + "/status",
             params={"fieldManager": MANAGER},
-            content=json.dumps({"status": status}),
+            content=json.dumps(body),
             headers={"Content-Type": "application/merge-patch+json"},
         )

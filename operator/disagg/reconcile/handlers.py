@@ -17,6 +17,7 @@ from typing import Any
 import kopf
 from aiohttp import web
 
+from disagg.autoscale.loop import ModelAutoscaler
 from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
 from disagg.naming import MANAGER, MODEL_LABEL
@@ -51,6 +52,7 @@ class Runtime:
     elector: LeaderElector | None = None
     server: web.AppRunner | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    autoscalers: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     ready: bool = False
 
     @property
@@ -61,6 +63,21 @@ class Runtime:
         if self.queue is not None and self.leading:
             self.queue.add(key)
             self.metrics.queue.set(self.queue.pending())
+
+    def ensure_autoscaler(self, key: Key) -> None:
+        """Run the model's autoscaler loop (one per model, on the leader only)."""
+        if not self.leading or key in self.autoscalers:
+            return
+        scaler = ModelAutoscaler(
+            self.client, self.recorder, key[0], key[1], on_change=lambda: self.enqueue(key)
+        )
+        task = asyncio.create_task(scaler.run(), name=f"autoscaler {key[0]}/{key[1]}")
+        self.autoscalers[key] = task
+        task.add_done_callback(lambda _: self.autoscalers.pop(key, None))
+
+    def stop_autoscalers(self) -> None:
+        for task in list(self.autoscalers.values()):
+            task.cancel()
 
     async def enqueue_all(self) -> None:
         scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
@@ -77,6 +94,8 @@ async def _work(runtime: Runtime, key: Key) -> None:
         except Exception:
             runtime.metrics.reconciles.labels(result="error").inc()
             raise
+    if outcome.autoscaled:
+        runtime.ensure_autoscaler(key)
     result = "invalid" if outcome.invalid else "gone" if outcome.gone else "ok"
     runtime.metrics.reconciles.labels(result=result).inc()
     if outcome.applied or outcome.pruned:
@@ -132,6 +151,8 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             metrics.leader.set(1 if leading else 0)
             if leading:
                 runtime.tasks.append(asyncio.create_task(runtime.enqueue_all()))
+            else:
+                runtime.stop_autoscalers()
 
         if config.leader_election:
             runtime.elector = LeaderElector(
@@ -160,6 +181,8 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         if runtime is None:
             return
         runtime.ready = False
+        runtime.stop_autoscalers()
+        await asyncio.gather(*runtime.autoscalers.values(), return_exceptions=True)
         for task in runtime.tasks:
             task.cancel()
         await asyncio.gather(*runtime.tasks, return_exceptions=True)

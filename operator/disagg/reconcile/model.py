@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.status import DisaggregatedModelStatus
+from disagg.autoscale.loop import AUTOSCALER_MANAGER, replicas_object
 from disagg.drift import needs_apply, stamp
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
@@ -45,6 +46,8 @@ class Outcome:
     status_written: bool = False
     invalid: bool = False
     gone: bool = False
+    autoscaled: bool = False
+    """The builtin autoscaler should run for this model."""
 
 
 def _now() -> str:
@@ -70,7 +73,10 @@ async def _write_status(client: KubeClient, body: Obj, status: DisaggregatedMode
     patch = status_patch(body.get("status") or {}, status.to_wire())
     if patch is None:
         return False
-    await client.patch_status("DisaggregatedModel", meta["namespace"], meta["name"], patch)
+    await client.patch_status(
+        "DisaggregatedModel", meta["namespace"], meta["name"], patch,
+        resource_version=meta.get("resourceVersion"),
+    )  # fmt: skip
     return True
 
 
@@ -89,11 +95,35 @@ async def _apply_children(
         current = live.get(key)
         if not needs_apply(stamped, current):
             continue
+        role = obj["metadata"]["labels"].get("disagg.dev/role")
+        if (
+            obj["kind"] == "Deployment"
+            and role in ("prefill", "decode")
+            and "replicas" not in obj["spec"]
+        ):
+            await _hand_over_replicas(client, model, role, current)
         await client.apply(stamped)
         applied += 1
         verb = "Created" if current is None else "Updated"
         await recorder.normal(body, verb, f"{verb.lower()} {obj['kind']} {obj['metadata']['name']}")
     return applied
+
+
+async def _hand_over_replicas(
+    client: KubeClient, model: DisaggregatedModel, role: str, live: Obj | None
+) -> None:
+    """Let the autoscaler's field manager own ``spec.replicas`` before the operator lets go.
+
+    The operator stops applying replicas when autoscaling is on; if nobody else owned the
+    field, server-side apply would drop it and the pool would fall back to one replica.
+    """
+    bounds = model.spec.pool(role).autoscaling  # type: ignore[arg-type]
+    current = int(live["spec"].get("replicas", 1)) if live else model.spec.pool(role).replicas  # type: ignore[arg-type]
+    replicas = max(bounds.min_replicas, min(bounds.max_replicas, current))
+    name = child_name(model.metadata.name, role)  # type: ignore[arg-type]
+    await client.apply(
+        replicas_object(model.metadata.namespace, name, replicas), manager=AUTOSCALER_MANAGER
+    )
 
 
 async def _prune(
@@ -185,7 +215,12 @@ async def reconcile_model(
         router_enabled=model.spec.router.enabled,
         router_endpoint=router_endpoint(ctx),
         autoscaling_enabled=model.spec.autoscaling.enabled,
+        autoscaling_mode=model.spec.autoscaling.mode,
     )
     status = compute_status(observed, previous, _now())
     written = await _write_status(client, body, status)
-    return Outcome(applied=applied, pruned=pruned, status_written=written)
+    autoscaling = model.spec.autoscaling
+    return Outcome(
+        applied=applied, pruned=pruned, status_written=written,
+        autoscaled=autoscaling.enabled and autoscaling.mode == "builtin",
+    )  # fmt: skip

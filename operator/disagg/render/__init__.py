@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from disagg.render.common import Manifest, RenderContext, owner_references
 from disagg.render.router import render_router_deployment, render_router_rbac, router_endpoint
+from disagg.render.scaling import render_scaler
 from disagg.render.services import render_pool_pdb, render_pool_service, render_router_service
 from disagg.render.workers import render_pool
 
@@ -27,6 +28,9 @@ def render_all(ctx: RenderContext) -> list[Manifest]:
     objects += [render_pool(ctx, "prefill"), render_pool(ctx, "decode")]
     if router_on:
         objects.append(render_router_deployment(ctx))
+    autoscaling = ctx.model.spec.autoscaling
+    if autoscaling.enabled and autoscaling.mode == "external":
+        objects += [render_scaler(ctx, "prefill"), render_scaler(ctx, "decode")]
     return objects
 
 

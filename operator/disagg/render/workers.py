@@ -25,7 +25,8 @@ def engine_image(spec: DisaggregatedModelSpec) -> str:
 
 
 def pool_replicas(ctx: RenderContext, role: Role) -> int:
-    """Replicas the pool's Deployment gets in this render."""
+    """Replicas the pool should have: spec replicas, or with autoscaling the autoscaler's
+    current decision (``ctx.replicas``) clamped to the pool's bounds."""
     spec = ctx.model.spec
     pool = spec.pool(role)
     if not spec.autoscaling.enabled:
@@ -33,6 +34,11 @@ def pool_replicas(ctx: RenderContext, role: Role) -> int:
     bounds = pool.autoscaling
     wanted = ctx.replicas.get(role, pool.replicas)
     return max(bounds.min_replicas, min(bounds.max_replicas, wanted))
+
+
+def autoscaled(spec: DisaggregatedModelSpec) -> bool:
+    """Whether someone other than the spec (our autoscaler, KEDA, an HPA) owns pool replicas."""
+    return spec.autoscaling.enabled
 
 
 def _resources(spec: DisaggregatedModelSpec, role: Role) -> Manifest:
@@ -77,6 +83,7 @@ def _volumes(spec: DisaggregatedModelSpec) -> tuple[list[Manifest], list[Manifes
 
 
 def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -> Manifest:
+    drain_seconds = TERMINATION_GRACE_SECONDS - 10
     container: Manifest = {
         "name": "engine",
         "image": engine_image(spec),
@@ -91,7 +98,19 @@ def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -
         "startupProbe": _probe("/health", 10, STARTUP_BUDGET_SECONDS // 10),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
-    }
+        # Before the pod is killed, wait until the engine has no running request and (prefill)
+        # no KV still lent to a decode engine; the router already stopped sending new ones.
+        "lifecycle": {
+            "preStop": {
+                "exec": {
+                    "command": [
+                        "disagg", "engine", "drain", "--port", str(launch.http_port),
+                        "--timeout", str(drain_seconds),
+                    ]
+                }
+            }
+        },
+    }  # fmt: skip
     if spec.network.transport == "rdma":
         # IPC_LOCK lifts RLIMIT_MEMLOCK for verbs memory registration (ib_umem_get).
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
@@ -142,7 +161,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         "kind": "Deployment",
         "metadata": object_meta(ctx, child_name(ctx.name, role), role),
         "spec": {
-            "replicas": pool_replicas(ctx, role),
+            **({} if autoscaled(spec) else {"replicas": pool_replicas(ctx, role)}),
             "selector": {"matchLabels": selector_labels(ctx.name, role)},
             # Surge one pod at a time and never drop below the desired ready count.
             "strategy": {

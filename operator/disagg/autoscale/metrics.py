@@ -1,0 +1,99 @@
+"""Reading the autoscaling signals from Prometheus (the autoscaler's only I/O besides Kubernetes).
+
+prometheus-api-client is synchronous (requests), so every query runs in a worker thread with
+an explicit timeout; the event loop never blocks on Prometheus. Any failure (connection
+refused, timeout, a query error) raises :class:`MetricsUnavailable`, which the loop turns into
+``ScalingActive=False`` / ``MetricsUnavailable`` while holding replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.exceptions import RequestException
+from urllib3.util.retry import Retry
+
+from disagg.autoscale.policy import Signals
+from disagg.autoscale.queries import Signal
+
+QUERY_TIMEOUT = 5
+
+
+class MetricsUnavailable(RuntimeError):
+    """Prometheus could not answer."""
+
+
+def _scalar(result: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(value, sample time) of an instant vector with at most one series; NaN becomes None."""
+    if not result:
+        return None, None
+    stamp, raw = result[0]["value"]
+    value = float(raw)
+    if math.isnan(value) or math.isinf(value):
+        return None, float(stamp)
+    return value, float(stamp)
+
+
+class PrometheusSource:
+    """Instant queries against one Prometheus."""
+
+    def __init__(self, url: str, timeout: int = QUERY_TIMEOUT) -> None:
+        self.url = url
+        self._timeout = timeout
+        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout,
+                                         retry=Retry(total=0))  # fmt: skip
+
+    def _query(self, promql: str) -> list[dict[str, Any]]:
+        try:
+            result: list[dict[str, Any]] = self._client.custom_query(promql, timeout=self._timeout)
+        except (PrometheusApiClientException, RequestException, ValueError) as error:
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} failed on {promql!r}: {error}"
+            ) from error
+        return result
+
+    async def query(self, promql: str) -> tuple[float | None, float | None]:
+        """One instant query's value and sample time, off the event loop."""
+        result = await asyncio.wait_for(asyncio.to_thread(self._query, promql), self._timeout + 2)
+        return _scalar(result)
+
+    async def vector(self, promql: str, label: str = "pod") -> dict[str, float]:
+        """An instant vector as {label value: value} (NaN samples dropped)."""
+        result = await asyncio.wait_for(asyncio.to_thread(self._query, promql), self._timeout + 2)
+        values = {}
+        for item in result:
+            value = float(item["value"][1])
+            if not math.isnan(value):
+                values[str(item["metric"].get(label, ""))] = value
+        return values
+
+    async def signals(self, queries: dict[Signal, str], latency: Signal) -> Signals:
+        """One pool's signals; ``latency`` names its SLO signal (ttftP99 or tpotP99)."""
+        try:
+            values = await asyncio.gather(
+                *(
+                    self.query(queries[s])
+                    for s in (
+                        latency,
+                        "requestRate",
+                        "queue",
+                        "running",
+                        "kvUsage",
+                        "podsReporting",
+                        "lastSample",
+                    )
+                )
+            )
+        except TimeoutError as error:
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} did not answer in {self._timeout}s"
+            ) from error
+        (p99, _), (rate, _), (queue, _), (running, _), (kv, _), (pods, _), (last, _) = values
+        return Signals(
+            p99=p99, request_rate=rate, queue=queue, running=running, kv_usage=kv,
+            pods_reporting=int(pods or 0), sampled_at=last if last is not None else 0.0,
+        )  # fmt: skip

@@ -1,0 +1,104 @@
+"""PromQL of every autoscaling signal, built from the spec (pure).
+
+Engines label their series only with ``model_name`` and ``engine``; which pool a series
+belongs to comes from the pod's labels, copied onto the series by the scrape configuration
+(the chart's PodMonitor, or the ``relabel_configs`` in the docs):
+
+    __meta_kubernetes_namespace                        -> namespace
+    __meta_kubernetes_pod_name                         -> pod
+    __meta_kubernetes_pod_label_disagg_dev_model       -> disagg_model
+    __meta_kubernetes_pod_label_disagg_dev_role        -> disagg_role
+
+A user can override any query in ``spec.autoscaling.queries``; ``$selector`` and ``$window``
+are substituted there as here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+from typing import Final, Literal
+
+Signal = Literal[
+    "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
+    "lastSample",
+]  # fmt: skip
+SIGNALS: Final[tuple[Signal, ...]] = (
+    "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
+    "lastSample",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """An engine's metric names."""
+
+    ttft: str
+    itl: str
+    waiting: str
+    running: str
+    kv_usage: str
+    requests: str
+
+
+VLLM: Final = MetricNames(
+    ttft="vllm:time_to_first_token_seconds",
+    itl="vllm:inter_token_latency_seconds",
+    waiting="vllm:num_requests_waiting",
+    running="vllm:num_requests_running",
+    kv_usage="vllm:kv_cache_usage_perc",
+    requests="vllm:e2e_request_latency_seconds_count",
+)
+SGLANG: Final = MetricNames(
+    ttft="sglang:time_to_first_token_seconds",
+    itl="sglang:inter_token_latency_seconds",
+    waiting="sglang:num_queue_reqs",
+    running="sglang:num_running_reqs",
+    kv_usage="sglang:token_usage",
+    requests="sglang:e2e_request_latency_seconds_count",
+)
+
+_TEMPLATES: Final[dict[Signal, str]] = {
+    "ttftP99": "histogram_quantile(0.99, sum by (le) (rate({ttft}_bucket{{$selector}}[$window])))",
+    "tpotP99": "histogram_quantile(0.99, sum by (le) (rate({itl}_bucket{{$selector}}[$window])))",
+    "queue": "sum({waiting}{{$selector}})",
+    "running": "sum({running}{{$selector}})",
+    "kvUsage": "avg({kv_usage}{{$selector}})",
+    "requestRate": "sum(rate({requests}{{$selector}}[$window]))",
+    "podsReporting": "count({running}{{$selector}})",
+    "lastSample": "max(timestamp({running}{{$selector}}))",
+}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def pool_selector(namespace: str, model: str, role: str) -> str:
+    """The label matchers of one pool's engine series."""
+    return (
+        f'namespace="{_escape(namespace)}",disagg_model="{_escape(model)}",'
+        f'disagg_role="{_escape(role)}"'
+    )
+
+
+def prometheus_duration(seconds: float) -> str:
+    """A PromQL range (whole seconds, at least 1s)."""
+    return f"{max(1, round(seconds))}s"
+
+
+def build_queries(
+    backend: str, namespace: str, model: str, role: str, window_seconds: float,
+    overrides: dict[str, str] | None = None,
+) -> dict[Signal, str]:  # fmt: skip
+    """Every signal's query for one pool."""
+    names = VLLM if backend == "vllm" else SGLANG
+    values = {
+        "selector": pool_selector(namespace, model, role),
+        "window": prometheus_duration(window_seconds),
+    }
+    queries: dict[Signal, str] = {}
+    for signal in SIGNALS:
+        template = (overrides or {}).get(signal) or _TEMPLATES[signal].format(**vars(names))
+        queries[signal] = Template(template).safe_substitute(values)
+    return queries

@@ -1,0 +1,323 @@
+"""The autoscaling policy, rule by rule (table-driven), and its PromQL."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.autoscale.policy import (
+    Behavior,
+    Decision,
+    PoolMemory,
+    PoolPolicy,
+    Signals,
+    apply_budget,
+    decide_pool,
+    tolerance,
+)
+from disagg.autoscale.queries import build_queries
+from disagg.perf.buckets import ITL_BUCKETS
+
+NOW = 10_000.0
+PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=8, gpus_per_replica=1)
+DECODE = PoolPolicy(slo=0.05, min_replicas=1, max_replicas=8, gpus_per_replica=2, max_num_seqs=100)
+FAST = Behavior(up_window=0, up_cooldown=30, down_window=300, down_cooldown=120, stale_after=60)
+
+
+def sig(
+    p99: float | None,
+    rate: float | None = 5.0,
+    pods: int = 16,
+    age: float = 5.0,
+    at: float = NOW,
+    **load: float,
+) -> Signals:
+    return Signals(p99=p99, request_rate=rate, pods_reporting=pods, sampled_at=at - age, **load)
+
+
+def stable_memory(replicas: int, seconds: float = 400.0) -> PoolMemory:
+    memory = PoolMemory()
+    for t in range(int(seconds), 0, -15):
+        memory.remember(NOW - t, replicas, 600)
+    return memory
+
+
+CASES = [
+    # (name, pool, signals, current, ready, policy, memory, last_scale, action, desired, reason fragment)
+    ("missing", "prefill", None, 2, 2, PREFILL, None, None, "hold", 2, "metrics missing"),
+    ("stale", "prefill", sig(5.0, age=120), 2, 2, PREFILL, None, None, "hold", 2, "stale"),
+    (
+        "nan-with-traffic",
+        "prefill",
+        sig(None, rate=3.0),
+        2,
+        2,
+        PREFILL,
+        None,
+        None,
+        "hold",
+        2,
+        "latency metrics missing",
+    ),
+    (
+        "no-rate",
+        "prefill",
+        sig(1.0, rate=None),
+        2,
+        2,
+        PREFILL,
+        None,
+        None,
+        "hold",
+        2,
+        "latency metrics missing",
+    ),
+    (
+        "partial",
+        "decode",
+        sig(0.2, pods=1),
+        2,
+        2,
+        DECODE,
+        None,
+        None,
+        "hold",
+        2,
+        "from 1 of 2 ready pods",
+    ),
+    (
+        "breach",
+        "prefill",
+        sig(3.0),
+        2,
+        2,
+        PREFILL,
+        None,
+        None,
+        "up",
+        3,
+        "TTFT p99 3000ms vs SLO 2000ms",
+    ),
+    ("big-breach-capped-2x", "prefill", sig(9.0), 2, 2, PREFILL, None, None, "up", 4, "scale up"),
+    ("step-limit", "prefill", sig(9.0), 3, 3, PREFILL, None, None, "up", 6, "scale up"),
+    ("at-max", "prefill", sig(9.0), 8, 8, PREFILL, None, None, "hold", 8, "within SLO"),
+    (
+        "queue-ahead",
+        "prefill",
+        sig(1.0, queue=12.0),
+        2,
+        2,
+        PREFILL,
+        None,
+        None,
+        "up",
+        4,
+        "load ahead of latency",
+    ),
+    (
+        "kv-pressure",
+        "decode",
+        sig(0.03, kv_usage=0.97),
+        2,
+        2,
+        DECODE,
+        None,
+        None,
+        "up",
+        3,
+        "load ahead",
+    ),
+    (
+        "running-pressure",
+        "decode",
+        sig(0.03, running=210.0),
+        2,
+        2,
+        DECODE,
+        None,
+        None,
+        "up",
+        3,
+        "load ahead",
+    ),
+    (
+        "up-cooldown",
+        "prefill",
+        sig(3.0),
+        2,
+        2,
+        PREFILL,
+        None,
+        NOW - 10,
+        "hold",
+        2,
+        "scale-up cooldown",
+    ),
+    ("in-band", "decode", sig(0.052), 2, 2, DECODE, None, None, "hold", 2, "within SLO"),
+    (
+        "down-unstable",
+        "prefill",
+        sig(0.2),
+        4,
+        4,
+        PREFILL,
+        PoolMemory(),
+        None,
+        "hold",
+        4,
+        "stabilizing scale-down",
+    ),
+    ("down-stable", "prefill", sig(0.2), 4, 4, PREFILL, "stable-3", None, "down", 3, "scale down"),
+    (
+        "down-cooldown",
+        "prefill",
+        sig(0.2),
+        4,
+        4,
+        PREFILL,
+        "stable-3",
+        NOW - 60,
+        "hold",
+        4,
+        "scale-down cooldown",
+    ),
+    (
+        "would-breach-with-fewer",
+        "prefill",
+        sig(1.5),
+        2,
+        2,
+        PREFILL,
+        "stable-1",
+        None,
+        "hold",
+        2,
+        "within SLO",
+    ),
+    (
+        "idle-to-min",
+        "decode",
+        sig(None, rate=0.0),
+        5,
+        5,
+        DECODE,
+        "stable-1",
+        None,
+        "down",
+        4,
+        "idle",
+    ),
+    ("below-min", "prefill", None, 0, 0, PREFILL, None, None, "up", 1, "outside bounds"),
+    ("above-max", "decode", sig(0.01), 12, 12, DECODE, None, None, "down", 8, "outside bounds"),
+]
+
+
+@pytest.mark.parametrize(
+    (
+        "pool",
+        "signals",
+        "current",
+        "ready",
+        "policy",
+        "memory",
+        "last",
+        "action",
+        "desired",
+        "reason",
+    ),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
+def test_rules(
+    pool: str,
+    signals: Signals | None,
+    current: int,
+    ready: int,
+    policy: PoolPolicy,
+    memory: object,
+    last: float | None,
+    action: str,
+    desired: int,
+    reason: str,
+) -> None:
+    if isinstance(memory, str):
+        memory = stable_memory(int(memory.split("-")[1]))
+    decision = decide_pool(
+        pool, signals, current, ready, policy, FAST, memory or PoolMemory(), last, NOW
+    )  # type: ignore[arg-type]
+    assert (decision.action, decision.desired) == (action, desired), decision.reason
+    assert reason in decision.reason
+
+
+def test_no_flapping_on_histogram_noise_at_a_bucket_edge() -> None:
+    # SLO 40ms sits in the 25..50ms ITL bucket; interpolated p99 wobbles inside it.
+    policy = PoolPolicy(slo=0.04, min_replicas=1, max_replicas=8, gpus_per_replica=1)
+    assert tolerance(0.04, ITL_BUCKETS) == pytest.approx(0.3125)
+    memory, replicas, actions = PoolMemory(), 3, []
+    for i in range(60):
+        p99 = 0.034 + (0.016 if i % 2 else 0.0)  # 34ms, 50ms, 34ms, ...
+        decision = decide_pool(
+            "decode",
+            sig(p99, pods=replicas, at=NOW + i * 15),
+            replicas,
+            replicas,
+            policy,
+            FAST,
+            memory,
+            None,
+            NOW + i * 15,
+        )
+        assert "stale" not in decision.reason
+        actions.append(decision.action)
+        replicas = decision.desired
+    assert set(actions) == {"hold"}
+
+
+def test_scale_down_only_after_the_window_of_steady_recommendations() -> None:
+    memory, replicas = PoolMemory(), 4
+    for i in range(30):
+        decision = decide_pool(
+            "prefill",
+            sig(0.3, pods=replicas, at=NOW + i * 15),
+            replicas,
+            replicas,
+            PREFILL,
+            FAST,
+            memory,
+            None,
+            NOW + i * 15,
+        )
+        if decision.action == "down":
+            assert i * 15 >= FAST.down_window
+            return
+    raise AssertionError("never scaled down")
+
+
+def test_budget_goes_to_the_pool_further_over_its_slo() -> None:
+    policies = {"prefill": PREFILL, "decode": DECODE}
+    wants = [
+        Decision("prefill", 2, 4, "up", "ttft", pressure=1.3),
+        Decision("decode", 2, 4, "up", "tpot", pressure=2.0),
+    ]
+    # Budget 10 GPUs: prefill 1 GPU/replica, decode 2. Both at current: 2 + 4 = 6; 4 left.
+    prefill, decode = apply_budget(wants, policies, budget=10)
+    assert (decode.desired, decode.limited) == (4, False)
+    assert (prefill.desired, prefill.limited) == (2, True) and prefill.action == "hold"
+    assert "GPU budget of 10" in prefill.reason
+    assert apply_budget(wants, policies, None) == wants
+
+
+def test_queries_use_the_relabelled_pool_labels_and_overrides() -> None:
+    queries = build_queries("vllm", "ns", "m", "decode", 120)
+    assert queries["tpotP99"] == (
+        "histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket"
+        '{namespace="ns",disagg_model="m",disagg_role="decode"}[120s])))'
+    )
+    assert (
+        queries["kvUsage"]
+        == 'avg(vllm:kv_cache_usage_perc{namespace="ns",disagg_model="m",disagg_role="decode"})'
+    )
+    sglang = build_queries(
+        "sglang", "ns", "m", "prefill", 60, {"queue": "max(my_queue{$selector})"}
+    )
+    assert "sglang:time_to_first_token_seconds_bucket" in sglang["ttftP99"]
+    assert sglang["queue"] == 'max(my_queue{namespace="ns",disagg_model="m",disagg_role="prefill"})'
