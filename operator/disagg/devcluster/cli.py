@@ -84,3 +84,73 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.set_defaults(func=func)
+    register_emulator(actions)
+
+
+def cmd_emulate(args: argparse.Namespace) -> int:
+    """Run the pod emulator (and its service-discovery endpoint) until interrupted."""
+    import asyncio
+    import contextlib
+    import logging
+    import signal
+
+    from aiohttp import web
+
+    from disagg.devcluster.podemu import PodEmulator
+    from disagg.kube.client import KubeClient
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    layout = _layout(args)
+
+    async def main() -> None:
+        client = await KubeClient.connect(str(layout.kubeconfig))
+        emulator = PodEmulator(
+            client, args.namespace, args.time_scale, args.sim_arg or [], layout.logs / "pods"
+        )
+
+        async def targets(_: web.Request) -> web.Response:
+            return web.json_response(emulator.discovery_targets())
+
+        app = web.Application()
+        app.add_routes([web.get("/sd", targets)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", args.sd_port).start()
+        try:
+            await emulator.run()
+        finally:
+            await runner.cleanup()
+            await emulator.close()
+            await client.close()
+
+    async def until_signalled() -> None:
+        # SIGTERM and SIGINT stop the simulators too: orphans would keep answering on pod IPs
+        # that kwok hands to new pods.
+        task = asyncio.create_task(main())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(until_signalled())
+    return 0
+
+
+def register_emulator(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    emulate = actions.add_parser("emulate-pods", help="run an engine simulator for each engine pod")
+    emulate.add_argument("--namespace", help="only this namespace (default: all)")
+    emulate.add_argument("--time-scale", type=float, default=0.1, help="simulator time scale")
+    emulate.add_argument(
+        "--sd-port",
+        type=int,
+        default=9091,
+        help="port of the Prometheus HTTP service discovery endpoint (/sd)",
+    )
+    emulate.add_argument(
+        "--sim-arg", action="append", help="extra `disagg sim engine` argument (repeatable)"
+    )
+    emulate.set_defaults(func=cmd_emulate)

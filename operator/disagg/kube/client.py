@@ -295,6 +295,19 @@ class KubeClient:
             raise
         return True
 
+    async def delete_now(self, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete with a zero grace period (what a kubelet does once containers have exited)."""
+        self._on_write(kind, "delete")
+        try:
+            await self._call(
+                "DELETE", resource_path(kind, namespace, name), json={"gracePeriodSeconds": 0}
+            )
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     async def patch_status(
         self, kind: str, namespace: str, name: str, status: Obj, resource_version: str | None = None
     ) -> Obj:

@@ -96,13 +96,17 @@ async def _apply_children(
         if not needs_apply(stamped, current):
             continue
         role = obj["metadata"]["labels"].get("disagg.dev/role")
-        if (
+        hand_over = (
             obj["kind"] == "Deployment"
             and role in ("prefill", "decode")
             and "replicas" not in obj["spec"]
-        ):
+        )
+        if hand_over and current is not None:
             await _hand_over_replicas(client, model, role, current)
         await client.apply(stamped)
+        if hand_over and current is None:
+            # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
+            await _hand_over_replicas(client, model, role, None)
         applied += 1
         verb = "Created" if current is None else "Updated"
         await recorder.normal(body, verb, f"{verb.lower()} {obj['kind']} {obj['metadata']['name']}")

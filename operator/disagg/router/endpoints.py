@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
@@ -28,6 +29,8 @@ class Endpoint:
     bootstrap_port: int | None = None
     in_flight: int = 0
     draining: bool = False
+    unreachable_until: float = 0.0
+    """Monotonic time before which the endpoint is skipped (it refused a connection)."""
 
     @property
     def host(self) -> str:
@@ -55,7 +58,12 @@ class Pool:
                 del self.endpoints[url]
 
     def available(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[Endpoint]:
-        return [e for e in self.endpoints.values() if not e.draining and e.url not in exclude]
+        now = time.monotonic()
+        return [
+            e
+            for e in self.endpoints.values()
+            if not e.draining and e.url not in exclude and e.unreachable_until <= now
+        ]
 
 
 class Picker:

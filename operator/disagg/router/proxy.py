@@ -31,6 +31,13 @@ from disagg.sim.tokens import estimate_tokens
 
 log = logging.getLogger("disagg.router")
 PASSED_HEADERS = ("Authorization", "X-Request-Id")
+UNREACHABLE_SECONDS = 2.0
+
+
+def _note_failure(endpoint: Endpoint, failure: BaseException) -> None:
+    """An engine that refuses connections is skipped for a moment (it may still be starting)."""
+    if isinstance(failure, aiohttp.ClientConnectorError):
+        endpoint.unreachable_until = time.monotonic() + UNREACHABLE_SECONDS
 
 
 @dataclass
@@ -107,6 +114,7 @@ async def _prefill(
                 router.metrics.prefill_seconds.observe(time.monotonic() - started)
                 return params
             except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
+                _note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="prefill").inc()
                 log.warning(
                     "Prefill on %s failed for %s: %r",
@@ -200,7 +208,7 @@ async def _decode(
     arrival: float,
 ) -> web.StreamResponse:
     tried: set[str] = set()
-    attempts: list[dict[str, Any] | None] = [kv_params, kv_params]
+    attempts: list[dict[str, Any] | None] = [kv_params, kv_params, kv_params]
     if kv_params is not None:
         attempts.append(None)  # last resort: the decode engine prefills itself
     for params in attempts:
@@ -220,6 +228,7 @@ async def _decode(
                     router, endpoint, path, protocol.decode_request(body, params), headers
                 )
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
+                _note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="decode").inc()
                 log.warning("Decode on %s failed for %s: %r", endpoint.url, request_id, failure)
                 continue

@@ -1,0 +1,105 @@
+"""Closed-loop autoscaling scenarios (time-scaled 10x): each pool scales on its own SLO."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from closedloop import TIME_SCALE, ReplicaRecorder, Stack, drive, stack
+from harness import Kube, Operator, wait_for
+
+
+@pytest.fixture(scope="module")
+def loop(kube: Kube) -> Iterator[Stack]:
+    from harness import new_namespace
+
+    namespace = new_namespace(kube)
+    with stack(kube, namespace) as s:
+        yield s
+    kube.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_long_prompts_scale_prefill_while_decode_stays(loop: Stack) -> None:
+    assert loop.replicas() == {"prefill": 1, "decode": 1}
+    with ReplicaRecorder(loop) as timeline:
+        # 12k-token prompts (~0.5 s of prefill each on one H100) at 3 req/s overload one engine.
+        report = asyncio.run(
+            drive(loop.router.url, rate=3, seconds=40, prompt_tokens=12_000, max_tokens=8)
+        )
+    assert report.failed == 0, report.errors[:5]
+    status = loop.model()["status"]
+    assert timeline.highest("prefill") >= 2, (
+        status["conditions"],
+        status["metrics"],
+        status["prefill"],
+    )
+    assert timeline.highest("decode") == 1, (timeline.samples, status["decode"])
+    model = loop.model()
+    assert "scale up" in (model["status"]["prefill"].get("lastScaleReason") or "")
+    assert loop.condition("ScalingActive")["status"] == "True"
+    events = {e["reason"] for e in loop.kube.items("events", loop.namespace)}
+    assert "ScaledUp" in events
+    # Once scaled, TTFT at the load generator is back near the 1 s SLO.
+    tail = report.ttfts[-30:]
+    assert sum(t <= 1.5 * TIME_SCALE for t in tail) / len(tail) > 0.8, tail
+
+
+def test_long_outputs_scale_decode_then_quiet_scales_both_down(loop: Stack) -> None:
+    wait_for(
+        "prefill back at its minimum",
+        lambda: loop.replicas()["prefill"] == 1,
+        timeout=120,
+        interval=1,
+    )
+    with ReplicaRecorder(loop) as timeline:
+        # Short prompts skip prefill; 400-token generations (~4 s each) at 3 req/s keep ~12
+        # streams running, more than one decode engine's 8 sequences.
+        report = asyncio.run(
+            drive(loop.router.url, rate=3, seconds=35, prompt_tokens=100, max_tokens=400)
+        )
+        assert timeline.highest("decode") >= 2, timeline.samples
+        assert timeline.highest("prefill") == 1, timeline.samples
+        wait_for(
+            "both pools back at their minimum",
+            lambda: loop.replicas() == {"prefill": 1, "decode": 1},
+            timeout=150,
+            interval=1,
+        )
+    assert report.failed == 0, report.errors[:5]
+
+
+def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:
+    before = loop.replicas()
+    loop.prom.terminate()
+    loop.prom.wait(timeout=20)
+    cond = wait_for(
+        "ScalingActive=False/MetricsUnavailable",
+        lambda: (
+            loop.condition("ScalingActive")
+            if loop.condition("ScalingActive").get("reason") == "MetricsUnavailable"
+            else None
+        ),
+        timeout=30,
+    )
+    assert cond["status"] == "False" and loop.kube.items("events", loop.namespace)
+    assert loop.replicas() == before
+
+
+def test_operator_restart_mid_scenario_changes_nothing(loop: Stack) -> None:
+    before = loop.replicas()
+    loop.operator.kill()
+    loop.operator = Operator(
+        loop.kube.layout,
+        f"--namespace={loop.namespace}",
+        "--no-leader-election",
+        "--resync-seconds=5",
+        log_name=f"autoscale-restart-{loop.namespace}",
+    )
+    wait_for(
+        "the restarted operator to reconcile", lambda: loop.operator.reconciles() >= 2, timeout=30
+    )
+    assert loop.replicas() == before
+    writes = loop.operator.writes(exclude=("Lease", "Event", "DisaggregatedModel"))
+    assert not any(k for k in writes if 'kind="Deployment"' in k), writes

@@ -1,0 +1,286 @@
+"""The pod emulator: one engine simulator per Running engine pod, on the pod's own IP.
+
+kwok makes pods Running but runs nothing; this plays the kubelet's container part for the
+engine pools. For each Running prefill/decode pod of a DisaggregatedModel it starts
+``disagg sim engine`` listening on the pod IP (a loopback address) with the role and the
+flags the operator rendered (served model name, token budget, max sequences, TP). When the
+pod is deleted it behaves like the kubelet with our preStop hook: it waits until the engine
+is idle (no running or waiting request, no KV still lent), stops it, and only then removes
+the pod; pods it manages carry an annotation that makes kwok wait for the grace period
+instead of deleting them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from disagg.kube.client import KubeClient, KubeError
+from disagg.perf.profiles import model_profile
+
+log = logging.getLogger("disagg.podemu")
+EMULATED_ANNOTATION: Final = "disagg.dev/emulated"
+SELECTOR: Final = "app.kubernetes.io/managed-by=disagg-operator,disagg.dev/role in (prefill,decode)"
+PASSED_FLAGS: Final = {
+    "--served-model-name": "--served-model-name",
+    "--max-num-batched-tokens": "--max-num-batched-tokens",
+    "--chunked-prefill-size": "--max-num-batched-tokens",
+    "--max-num-seqs": "--max-num-seqs",
+    "--max-running-requests": "--max-num-seqs",
+    "--tensor-parallel-size": "--tensor-parallel-size",
+    "--tp-size": "--tensor-parallel-size",
+}
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv and argv.index(name) + 1 < len(argv) else None
+
+
+def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) -> list[str] | None:
+    """The simulator command line for an engine pod, or None if it is not one (pure)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    ip = pod.get("status", {}).get("podIP")
+    role = pod.get("metadata", {}).get("labels", {}).get("disagg.dev/role")
+    if not containers or not ip or role not in ("prefill", "decode"):
+        return None
+    args = [str(a) for a in containers[0].get("args", [])]
+    port = _flag(args, "--port") or "8000"
+    argv = [
+        "--role",
+        role,
+        "--host",
+        ip,
+        "--port",
+        port,
+        "--kv-port",
+        "5600",
+        "--time-scale",
+        f"{time_scale:g}",
+    ]
+    for engine_flag, sim_flag in PASSED_FLAGS.items():
+        value = _flag(args, engine_flag)
+        if value is not None and sim_flag not in argv:
+            argv += [sim_flag, value]
+    model = (
+        args[2] if len(args) > 2 and args[:2] == ["vllm", "serve"] else _flag(args, "--model-path")
+    )
+    if model and "--model-profile" not in extra:
+        with contextlib.suppress(KeyError):  # unknown model: the simulator's default profile
+            argv += ["--model-profile", model_profile(model.rsplit("/models/", 1)[-1]).name]
+    return [*argv, *extra]
+
+
+@dataclass
+class Running:
+    process: asyncio.subprocess.Process
+    url: str
+    draining: bool = False
+
+
+class PodEmulator:
+    """Watches engine pods and keeps one simulator per Running pod."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str | None,
+        time_scale: float,
+        extra: Sequence[str],
+        log_dir: Path,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.time_scale = time_scale
+        self.extra = list(extra)
+        self.log_dir = log_dir
+        self.running: dict[str, Running] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            try:
+                items, version = await self.client.list_with_version(
+                    "Pod", self.namespace, SELECTOR
+                )
+                for pod in items:
+                    await self.observe("MODIFIED", pod)
+                async for kind, pod in self.client.watch("Pod", self.namespace, SELECTOR, version):
+                    if kind in ("ADDED", "MODIFIED", "DELETED"):
+                        await self.observe(kind, pod)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # keep emulating through API hiccups
+                log.warning("Pod watch interrupted: %r", error)
+                await asyncio.sleep(1)
+
+    def _key(self, pod: dict[str, Any]) -> str:
+        return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+    async def observe(self, kind: str, pod: dict[str, Any]) -> None:
+        key = self._key(pod)
+        meta, status = pod["metadata"], pod.get("status", {})
+        current = self.running.get(key)
+        if kind == "DELETED":
+            self.pods.pop(key, None)
+        else:
+            self.pods[key] = pod
+        if kind == "DELETED":
+            if current is not None:
+                await self._stop(key)
+            return
+        if meta.get("deletionTimestamp"):
+            if current is not None and not current.draining:
+                current.draining = True
+                self._spawn(self._drain_and_remove(key, pod))
+            elif current is None and meta.get("annotations", {}).get(EMULATED_ANNOTATION):
+                await self._force_delete(pod)
+            return
+        if current is None and status.get("phase") == "Running" and status.get("podIP"):
+            await self._start(key, pod)
+
+    async def _start(self, key: str, pod: dict[str, Any]) -> None:
+        argv = sim_argv(pod, self.time_scale, self.extra)
+        if argv is None:
+            return
+        meta = pod["metadata"]
+        with contextlib.suppress(KubeError):
+            await self.client.patch(
+                "Pod",
+                meta["namespace"],
+                meta["name"],
+                {"metadata": {"annotations": {EMULATED_ANNOTATION: "true"}}},
+            )
+        # Not ready until the engine answers /health, as its readiness probe would say.
+        await self._set_ready(pod, False)
+        log_file = (self.log_dir / f"{meta['namespace']}_{meta['name']}.log").open("ab")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "disagg.cli",
+            "sim",
+            "engine",
+            *argv,
+            stdout=log_file,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        log_file.close()
+        url = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}"
+        self.running[key] = Running(process, url)
+        log.info("Started a %s simulator for %s at %s", argv[1], key, url)
+        self._spawn(self._ready_when_healthy(key, pod, url))
+
+    async def _ready_when_healthy(self, key: str, pod: dict[str, Any], url: str) -> None:
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            for _ in range(300):
+                if key not in self.running:
+                    return
+                try:
+                    if (await http.get(url + "/health")).status_code == 200:
+                        await self._set_ready(pod, True)
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+
+    async def _set_ready(self, pod: dict[str, Any], ready: bool) -> None:
+        meta = pod["metadata"]
+        value = "True" if ready else "False"
+        conditions = [
+            {**c, "status": value} if c.get("type") in ("Ready", "ContainersReady") else c
+            for c in pod.get("status", {}).get("conditions", [])
+        ]
+        statuses = [
+            {**c, "ready": ready} for c in pod.get("status", {}).get("containerStatuses", [])
+        ]
+        with contextlib.suppress(KubeError):
+            await self.client.patch_status(
+                "Pod",
+                meta["namespace"],
+                meta["name"],
+                {"conditions": conditions, "containerStatuses": statuses},
+            )
+
+    async def _drain_and_remove(self, key: str, pod: dict[str, Any]) -> None:
+        current = self.running.get(key)
+        grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        deadline = asyncio.get_running_loop().time() + grace
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            quiet = 0
+            while current is not None and asyncio.get_running_loop().time() < deadline:
+                try:
+                    state = (await http.get(current.url + "/admin/state")).json()
+                except (httpx.HTTPError, ValueError):
+                    break
+                busy = state["running"] + state["waiting"] + state["kv_leased_requests"]
+                quiet = quiet + 1 if busy == 0 else 0
+                if quiet >= 2:
+                    break
+                await asyncio.sleep(0.2)
+        await self._stop(key)
+        await self._force_delete(pod)
+
+    async def _force_delete(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(KubeError):
+            await self.client.delete_now("Pod", meta["namespace"], meta["name"])
+
+    async def _stop(self, key: str) -> None:
+        current = self.running.pop(key, None)
+        if current is None or current.process.returncode is not None:
+            return
+        current.process.terminate()
+        try:
+            await asyncio.wait_for(current.process.wait(), 10)
+        except TimeoutError:
+            current.process.kill()
+            await current.process.wait()
+        log.info("Stopped the simulator of %s", key)
+
+    def discovery_targets(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: the engine pods, labelled as kubernetes_sd would.
+
+        Debian's Prometheus is built without Kubernetes service discovery, so the harness serves
+        the same ``__meta_kubernetes_pod_*`` labels from its own watch of the API server, and
+        the documented relabeling applies unchanged.
+        """
+        targets = []
+        for pod in self.pods.values():
+            ip = pod.get("status", {}).get("podIP")
+            argv = sim_argv(pod, self.time_scale)
+            if not ip or argv is None:
+                continue
+            meta = pod["metadata"]
+            labels = {
+                "__meta_kubernetes_namespace": meta["namespace"],
+                "__meta_kubernetes_pod_name": meta["name"],
+                "__meta_kubernetes_pod_ip": ip,
+                "__meta_kubernetes_pod_phase": pod.get("status", {}).get("phase", ""),
+                "__meta_kubernetes_pod_container_port_name": "http",
+            }
+            for name, value in meta.get("labels", {}).items():
+                clean = "".join(c if c.isalnum() else "_" for c in name)
+                labels[f"__meta_kubernetes_pod_label_{clean}"] = value
+            targets.append(
+                {"targets": [f"{ip}:{argv[argv.index('--port') + 1]}"], "labels": labels}
+            )
+        return targets
+
+    async def close(self) -> None:
+        for key in list(self.running):
+            await self._stop(key)
