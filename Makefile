@@ -53,11 +53,11 @@ test-e2e: $(STAMP) system-packages binaries
 
 test: lint test-fast test-e2e
 
-demo: $(STAMP)
-	@echo "make demo is not yet available: it lands with the demo issue (see README)."
+demo: $(STAMP) system-packages binaries
+	$(BIN)/disagg demo $(DEMO_ARGS)
 
 demo-down: $(STAMP)
-	@echo "make demo-down is not yet available."
+	$(BIN)/disagg demo down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

@@ -4,77 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 
-LOG_DIR = Path(os.environ.get("DISAGG_TEST_LOGS", "/tmp/disagg-e2e-logs"))
+from disagg.demo.procs import LOG_DIR, Proc, long_prompt, start
 
-
-@dataclass
-class Proc:
-    """A `disagg ...` child process serving HTTP at ``url``."""
-
-    name: str
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def get(self, path: str) -> Any:
-        return httpx.get(self.url + path, timeout=10).json()
-
-    def post(self, path: str, body: Any) -> Any:
-        return httpx.post(self.url + path, json=body, timeout=10).json()
-
-
-def start(
-    name: str, *args: str, url: str, ready_path: str = "/health", timeout: float = 20
-) -> Proc:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = LOG_DIR / f"{name}.log"
-    with log.open("wb") as handle:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "disagg.cli", *args],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    proc = Proc(name, url, process, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(
-                f"{name} exited with {process.returncode}: {log.read_text()[-2000:]}"
-            )
-        try:
-            if httpx.get(url + ready_path, timeout=1).status_code < 500:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError(f"{name} did not become ready at {url}: {log.read_text()[-2000:]}")
+__all__ = ["LOG_DIR", "Proc", "long_prompt", "start"]
 
 
 def engine(
@@ -109,10 +47,6 @@ def router(
         args += ["--prefill", *(p.url for p in prefill)]
     args += ["--decode", *(d.url for d in decode), *extra]
     return start(name, *args, url=f"http://{host}:{port}")
-
-
-def long_prompt(tokens: int) -> str:
-    return "abcd" * tokens  # four characters per estimated token
 
 
 @dataclass

@@ -2,91 +2,25 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
-
-from disagg.devcluster.layout import Layout, free_port
-from disagg.devcluster.runner import Binaries
+from disagg.demo.procs import Kube, Operator, Timeout, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "manifests" / "examples"
-T = TypeVar("T")
 
-
-class Timeout(AssertionError):
-    pass
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise Timeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
-
-
-@dataclass
-class Kube:
-    """kubectl against the local control plane."""
-
-    binaries: Binaries
-    layout: Layout
-
-    def run(
-        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.binaries.kubectl), f"--kubeconfig={self.layout.kubeconfig}", *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "-o", "json").stdout)
-
-    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
-        result = self.run("get", kind, name, "-n", namespace, "-o", "json", check=False)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr:
-                return None
-            raise AssertionError(result.stderr)
-        obj: dict[str, Any] = json.loads(result.stdout)
-        return obj
-
-    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
-        args = ["get", kind, "-n", namespace]
-        if selector:
-            args += ["-l", selector]
-        items: list[dict[str, Any]] = self.json(*args)["items"]
-        return items
-
-    def apply(
-        self, manifest: str, namespace: str, *extra: str, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        return self.run("apply", "-n", namespace, *extra, "-f", "-", stdin=manifest, check=check)
+__all__ = [
+    "EXAMPLES",
+    "ROOT",
+    "Kube",
+    "Operator",
+    "Timeout",
+    "condition",
+    "new_namespace",
+    "wait_for",
+]
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
@@ -109,80 +43,3 @@ def new_namespace(kube: Kube) -> str:
         timeout=30,
     )
     return name
-
-
-class Operator:
-    """``disagg run`` as a child process, with its metrics endpoint."""
-
-    def __init__(self, layout: Layout, *args: str, log_name: str = "operator") -> None:
-        self.port = free_port()
-        self.log_path = layout.logs / f"e2e-{log_name}-{self.port}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("wb")
-        argv = [
-            sys.executable,
-            "-m",
-            "disagg.cli",
-            "run",
-            f"--kubeconfig={layout.kubeconfig}",
-            f"--metrics-address=127.0.0.1:{self.port}",
-            *args,
-        ]
-        self.process = subprocess.Popen(
-            argv,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        wait_for("the operator's /readyz", self._ready, timeout=60)
-
-    def _ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(
-                f"the operator exited ({self.process.returncode}); log: {self.log_path}\n"
-                + self.log_path.read_text()[-3000:]
-            )
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics as ``name{labels}`` -> value."""
-        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                samples[key] = float(value)
-        return samples
-
-    def writes(self, exclude: tuple[str, ...] = ("Lease", "Event")) -> dict[str, float]:
-        return {
-            k: v
-            for k, v in self.metrics().items()
-            if k.startswith("disagg_operator_kube_writes_total")
-            and not any(f'kind="{e}"' in k for e in exclude)
-        }
-
-    def reconciles(self) -> float:
-        return sum(
-            v for k, v in self.metrics().items() if k.startswith("disagg_operator_reconcile_total")
-        )
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as a crash or an OOM kill would do."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self._log.close()

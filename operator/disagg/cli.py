@@ -16,6 +16,7 @@ import yaml
 from disagg import __version__
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
 from disagg.engine.launcher import register as register_engine
 from disagg.reconcile.run import register_cli as register_run
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_sim(sub)
     register_router(sub)
     register_engine(sub)
+    register_demo(sub)
     return parser
 
 

@@ -54,10 +54,11 @@ and shows that each removal breaks something.
   resources: ["disaggregatedmodels/status"]
   verbs: ["patch"]
 # Children: server-side apply (patch; create when the object is new), watch for drift,
-# delete what the spec no longer wants.
+# delete what the spec no longer wants. get on deployments: the autoscaler reads each pool's
+# current replicas every evaluation.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["list", "watch", "create", "patch", "delete"]

@@ -140,6 +140,7 @@ class ModelAutoscaler:
                 log.warning(
                     "Autoscaler tick failed for %s/%s: %s", self.namespace, self.name, error
                 )
+                await self._record_failure(str(error))
                 interval = 5.0
             if interval is None:
                 return
@@ -312,6 +313,26 @@ class ModelAutoscaler:
         if already.get("reason") != "MetricsUnavailable":
             await self.recorder.warning(body, "MetricsUnavailable", f"holding replicas: {message}")
         await self._patch_status(body, {"conditions": conditions})
+
+    async def _record_failure(self, message: str) -> None:
+        """Say in status why the autoscaler cannot act (best effort: the API may be the cause)."""
+        try:
+            body = await self.client.get("DisaggregatedModel", self.namespace, self.name)
+            if body is None:
+                return
+            previous = (body.get("status") or {}).get("conditions") or []
+            generation = int(body["metadata"].get("generation", 0))
+            failure = _condition(
+                "ScalingActive",
+                "False",
+                "AutoscalerError",
+                f"holding replicas: {message}",
+                generation,
+                previous,
+            )
+            await self._patch_status(body, {"conditions": merge_conditions(previous, [failure])})
+        except (KubeError, OSError) as error:
+            log.debug("Could not record the autoscaler failure: %s", error)
 
     async def _patch_status(self, body: Obj, patch: Obj) -> None:
         try:

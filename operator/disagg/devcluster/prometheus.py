@@ -78,17 +78,17 @@ def start(layout: Layout, port: int, sd_url: str, interval: str = "1s") -> subpr
         "scrape_configs": [harness_scrape_config(sd_url, interval)],
     }
     (root / "prometheus.yml").write_text(dump(config))
-    log = (layout.logs / "prometheus.log").open("ab")
-    return subprocess.Popen(
-        [
-            binary,
-            f"--config.file={root / 'prometheus.yml'}",
-            f"--storage.tsdb.path={root / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=2h",
-            "--log.level=warn",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+    with (layout.logs / "prometheus.log").open("ab") as log:
+        return subprocess.Popen(
+            [
+                binary,
+                f"--config.file={root / 'prometheus.yml'}",
+                f"--storage.tsdb.path={root / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=2h",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )

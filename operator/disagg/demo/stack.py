@@ -1,0 +1,326 @@
+"""The closed autoscaling loop on the local control plane, with nothing mocked but the GPUs.
+
+Real pieces: kube-apiserver and controllers, the operator, Prometheus discovering engine
+pods from the API server's view, the pod emulator (one engine simulator per engine pod on
+the pod's IP), the router discovering pools by watching Pods, and a load generator. Used by
+`disagg demo`, e2e/test_autoscaling.py and bench/autoscale_scenarios.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+import yaml
+
+from disagg.demo.procs import LOG_DIR, Kube, Operator, Proc, long_prompt, start, wait_for
+from disagg.devcluster import prometheus
+from disagg.devcluster.layout import free_port
+
+log = logging.getLogger("disagg.demo")
+TIME_SCALE = 1.0
+"""Real time: at 10x, event-loop jitter on two shared cores becomes 10x larger simulated latency."""
+MODEL = "llama"
+
+
+def model_manifest(prom_url: str, **autoscaling: Any) -> dict[str, Any]:
+    spec_autoscaling = {
+        "enabled": True,
+        "ttftP99": "1s",
+        "tpotP99": "40ms",
+        "prometheusUrl": prom_url,
+        "interval": "2s",
+        "window": "10s",
+        "scaleUp": {"stabilizationWindow": "0s", "maxStep": 2, "cooldown": "4s"},
+        "scaleDown": {"stabilizationWindow": "10s", "maxStep": 1, "cooldown": "4s"},
+        **autoscaling,
+    }
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": MODEL},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "servedName": MODEL},
+            "network": {"transport": "tcp", "shmSize": "1Gi"},
+            "prefill": {
+                "maxNumBatchedTokens": 8192,
+                "autoscaling": {"minReplicas": 1, "maxReplicas": 4},
+            },
+            "decode": {"maxNumSeqs": 8, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}},
+            "router": {"prefillThresholdTokens": 256},
+            "autoscaling": spec_autoscaling,
+        },
+    }
+
+
+@dataclass
+class Stack:
+    kube: Kube
+    namespace: str
+    prom_url: str
+    prom: subprocess.Popen[bytes]
+    emulator: subprocess.Popen[bytes]
+    router: Proc | None
+    operator: Operator
+
+    def replicas(self) -> dict[str, int]:
+        result = {}
+        for role in ("prefill", "decode"):
+            dep = self.kube.get("deployment", f"{MODEL}-{role}", self.namespace) or {}
+            result[role] = int(dep.get("spec", {}).get("replicas", 0))
+        return result
+
+    def model(self) -> dict[str, Any]:
+        return self.kube.get("dm", MODEL, self.namespace) or {}
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        for cond in self.model().get("status", {}).get("conditions", []):
+            if cond["type"] == type_:
+                c: dict[str, Any] = cond
+                return c
+        return {}
+
+
+@contextmanager
+def stack(kube: Kube, namespace: str, operator_args: tuple[str, ...] = ()) -> Iterator[Stack]:
+    """Everything of the closed loop for one namespace; torn down whatever happens."""
+    port, sd_port = free_port(), free_port()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    cleanup: list[Any] = []
+    try:
+        emulator_log = (LOG_DIR / f"podemu-{namespace}.log").open("wb")
+        cleanup.append(emulator_log.close)
+        emulator = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "disagg.cli",
+                "dev",
+                "emulate-pods",
+                "--namespace",
+                namespace,
+                "--time-scale",
+                str(TIME_SCALE),
+                "--sd-port",
+                str(sd_port),
+            ],
+            stdout=emulator_log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        cleanup.append(lambda: _stop(emulator))
+        prom = prometheus.start(kube.layout, port, f"http://127.0.0.1:{sd_port}/sd")
+        cleanup.append(lambda: _stop(prom))
+        prom_url = f"http://127.0.0.1:{port}"
+        wait_for("Prometheus to answer", lambda: _up(prom_url + "/-/ready"), timeout=30)
+        operator = Operator(
+            kube.layout,
+            f"--namespace={namespace}",
+            "--no-leader-election",
+            "--resync-seconds=5",
+            *operator_args,
+            log_name=f"autoscale-{namespace}",
+        )
+        the_stack = Stack(kube, namespace, prom_url, prom, emulator, None, operator)
+        cleanup.append(lambda: the_stack.operator.stop())
+        kube.apply(yaml.safe_dump(model_manifest(prom_url)), namespace)
+        kube.run(
+            "wait",
+            "--for=condition=Ready",
+            f"dm/{MODEL}",
+            "-n",
+            namespace,
+            "--timeout=60s",
+            timeout=90,
+        )
+        host = f"127.45.{free_port() % 250}.1"
+        the_stack.router = start(
+            f"autoscale-router-{namespace}",
+            "router",
+            "--host",
+            host,
+            "--port",
+            "8000",
+            "--discover",
+            "--kubeconfig",
+            str(kube.layout.kubeconfig),
+            "--namespace",
+            namespace,
+            "--served-model-name",
+            MODEL,
+            "--pd-threshold",
+            "256",
+            "--prefill-selector",
+            f"disagg.dev/model={MODEL},disagg.dev/role=prefill",
+            "--decode-selector",
+            f"disagg.dev/model={MODEL},disagg.dev/role=decode",
+            url=f"http://{host}:8000",
+            ready_path="/health",
+        )
+        cleanup.append(the_stack.router.stop)
+        try:
+            wait_for(
+                "engine metrics in Prometheus",
+                lambda: _pods_scraped(prom_url, namespace) >= 2,
+                timeout=60,
+            )
+        except AssertionError as error:
+            sd = httpx.get(f"http://127.0.0.1:{sd_port}/sd", timeout=5).text
+            targets = httpx.get(prom_url + "/api/v1/targets", timeout=5).text
+            raise AssertionError(f"{error}\nSD: {sd[:1500]}\nTargets: {targets[:1500]}") from None
+        yield the_stack
+    finally:
+        for step in reversed(cleanup):
+            try:
+                step()
+            except Exception as error:  # keep tearing down the rest
+                log.warning("Cleanup step failed: %r", error)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _pods_scraped(prom_url: str, namespace: str) -> int:
+    try:
+        result = httpx.get(
+            prom_url + "/api/v1/query",
+            timeout=2,
+            params={"query": f'count(up{{namespace="{namespace}"}} == 1)'},
+        ).json()
+        return (
+            int(float(result["data"]["result"][0]["value"][1])) if result["data"]["result"] else 0
+        )
+    except (httpx.HTTPError, KeyError, ValueError, IndexError):
+        return 0
+
+
+@dataclass
+class LoadReport:
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float]:
+        """Fractions meeting the (wall-time, scaled) TTFT and TPOT SLOs."""
+        ttft = sum(t <= ttft_slo for t in self.ttfts) / max(1, len(self.ttfts))
+        tpot = sum(t <= tpot_slo for t in self.tpots) / max(1, len(self.tpots))
+        return ttft, tpot
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    report: LoadReport,
+) -> None:
+    body = {
+        "model": MODEL,
+        "prompt": long_prompt(prompt_tokens),
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    started = time.monotonic()
+    first = last = None
+    count = 0
+    report.sent += 1
+    try:
+        async with session.post(url + "/v1/completions", json=body) as response:
+            if response.status != 200:
+                report.failed += 1
+                report.errors.append(f"HTTP {response.status}: {(await response.text())[:200]}")
+                return
+            async for line in response.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                if b'"error"' in line:
+                    report.failed += 1
+                    report.errors.append(json.loads(line[6:])["error"]["message"][:200])
+                    return
+                now = time.monotonic()
+                first = first or now
+                last = now
+                count += 1
+    except (aiohttp.ClientError, TimeoutError) as error:
+        report.failed += 1
+        report.errors.append(repr(error)[:200])
+        return
+    report.ok += 1
+    if first is not None and last is not None:
+        report.ttfts.append(first - started)
+        if count > 1:
+            report.tpots.append((last - first) / (count - 1))
+
+
+async def drive(
+    url: str, rate: float, seconds: float, prompt_tokens: int, max_tokens: int
+) -> LoadReport:
+    """Open-loop load: ``rate`` requests per wall second for ``seconds``, then wait for all."""
+    report = LoadReport()
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
+    ) as session:
+        tasks = []
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < seconds:
+            tasks.append(asyncio.create_task(_one(session, url, prompt_tokens, max_tokens, report)))
+            n += 1
+            await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+        await asyncio.gather(*tasks)
+    return report
+
+
+class ReplicaRecorder:
+    """Samples pool replicas once a second in a thread: the scenario's timeline."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.started = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic() - self.started, self.stack.replicas()))
+            self._stop.wait(1.0)
+
+    def __enter__(self) -> ReplicaRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def highest(self, role: str) -> int:
+        return max((s[role] for _, s in self.samples), default=0)
