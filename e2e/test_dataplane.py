@@ -386,3 +386,55 @@ def test_router_discovers_pool_pods_through_the_api_server(kube: Kube, namespace
         )
     finally:
         front.stop()
+
+
+def test_sglang_mode_pairs_prefill_and_decode_through_bootstrap_rooms() -> None:
+    prefill = engine("sglang-prefill", "127.43.40.1", "prefill")
+    decode = engine("sglang-decode", "127.43.40.2", "decode")
+    front = start(
+        "sglang-router",
+        "router",
+        "--host",
+        "127.43.40.3",
+        "--port",
+        "8000",
+        "--served-model-name",
+        "m",
+        "--backend",
+        "sglang",
+        "--prefill",
+        prefill.url,
+        "--decode",
+        decode.url,
+        "--prefill-bootstrap-port",
+        "5600",
+        url="http://127.43.40.3:8000",
+    )
+    try:
+        body = {"model": "m", "prompt": long_prompt(500), "max_tokens": 6, "stream": True}
+        with httpx.stream(
+            "POST",
+            front.url + "/v1/completions",
+            json=body,
+            headers={"X-Request-Id": "sg-1"},
+            timeout=30,
+        ) as response:
+            assert response.status_code == 200
+            events = [line for line in response.iter_lines() if line.startswith("data: {")]
+        assert len(events) == 6
+        sent_p = [
+            r for r in prefill.get("/admin/requests") if r["headers"].get("x-request-id") == "sg-1"
+        ]
+        sent_d = [
+            r for r in decode.get("/admin/requests") if r["headers"].get("x-request-id") == "sg-1"
+        ]
+        assert len(sent_p) == 1 and len(sent_d) == 1
+        p_body, d_body = sent_p[0]["body"], sent_d[0]["body"]
+        # The same request, with the same bootstrap fields, goes to both engines.
+        assert p_body == d_body
+        assert p_body["bootstrap_host"] == "127.43.40.1" and p_body["bootstrap_port"] == 5600
+        assert isinstance(p_body["bootstrap_room"], int) and 0 <= p_body["bootstrap_room"] < 2**63
+        assert p_body["max_tokens"] == 6 and "kv_transfer_params" not in p_body
+    finally:
+        for proc in (front, prefill, decode):
+            proc.stop()
