@@ -1,0 +1,399 @@
+"""A discrete-event simulator of a whole deployment (deterministic, no wall clock).
+
+Every engine is the same continuous-batching :class:`~disagg.sim.scheduler.Scheduler` the
+engine simulator runs, timed by the same latency model, so the fleet and a single engine
+agree by construction. Colocated mode runs prompt and generation in one pool (chunked
+prefill under the token budget); disaggregated mode runs prompts in a prefill pool, moves the
+KV cache over the network (its transfer time follows the model's KV bytes per token), then
+generates in a decode pool. An autoscaling policy can resize the pools every interval; new
+replicas serve after a provisioning delay, removed ones drain first.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from disagg.perf.roofline import (
+    EngineShape,
+    NetworkProfile,
+    PrefillChunk,
+    kv_capacity_tokens,
+    step_time,
+    transfer_time,
+)
+from disagg.sim.scheduler import Scheduler, SimRequest, Step
+from disagg.sim.traffic import Request
+
+Mode = Literal["colocated", "disaggregated"]
+PoolName = Literal["prefill", "decode"]
+StepTime = Callable[[EngineShape, Sequence[PrefillChunk], Sequence[int]], float]
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """DistServe-style fitted latency (milliseconds): prefill a + b*sum(l) + c*sum(l^2),
+    decode a + b*sum(ctx) + c*B. A colocated step pays both parts."""
+
+    prefill: tuple[float, float, float]
+    decode: tuple[float, float, float]
+
+    def __call__(
+        self, _: EngineShape, chunks: Sequence[PrefillChunk], contexts: Sequence[int]
+    ) -> float:
+        ms = 0.0
+        if chunks:
+            a, b, c = self.prefill
+            ms += (
+                a + b * sum(x.new_tokens for x in chunks) + c * sum(x.new_tokens**2 for x in chunks)
+            )
+        if contexts:
+            a, b, c = self.decode
+            ms += a + b * sum(contexts) + c * len(contexts)
+        return ms / 1000
+
+
+OPT13B_A100_TP1: FittedModel = FittedModel(
+    prefill=(18.10, 0.1019, 7.12e-6), decode=(19.93, 6.27e-4, 0.0385)
+)
+"""DistServe's fitted coefficients for OPT-13B, TP 1, A100-80GB (batch < 95)."""
+
+
+@dataclass
+class PoolStats:
+    """What a policy sees of one pool at an evaluation."""
+
+    replicas: int
+    ready: int
+    ttft_p99: float | None
+    tpot_p99: float | None
+    queue: float
+    running: float
+    kv_usage: float
+    request_rate: float
+    prompt_tokens_rate: float
+    mean_prompt: float
+    mean_output: float
+
+
+class ScalingPolicy(Protocol):
+    """Decides a pool's replica count from its stats (the fleet enforces bounds)."""
+
+    name: str
+
+    def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int: ...
+
+
+@dataclass(eq=False)
+class Engine:
+    """One replica: a scheduler plus its serving state."""
+
+    pool: PoolName
+    scheduler: Scheduler
+    ready_at: float
+    busy: bool = False
+    draining: bool = False
+    removed_at: float | None = None
+    outstanding: int = 0
+
+
+@dataclass
+class Outcome:
+    """One request's fate."""
+
+    request: Request
+    prefill_done: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.request.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or self.last_token is None or self.tokens < 2:
+            return 0.0 if self.first_token is not None else None
+        return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
+@dataclass
+class FleetConfig:
+    """A deployment to simulate."""
+
+    mode: Mode
+    shape: EngineShape
+    """Engine shape of the decode pool (and of colocated replicas)."""
+    prefill_shape: EngineShape | None = None
+    replicas: dict[PoolName, int] = field(default_factory=lambda: {"prefill": 1, "decode": 1})
+    bounds: dict[PoolName, tuple[int, int]] = field(
+        default_factory=lambda: {"prefill": (1, 64), "decode": (1, 64)}
+    )
+    budget: dict[PoolName, int] = field(default_factory=lambda: {"prefill": 8192, "decode": 2048})
+    max_num_seqs: int = 256
+    network: NetworkProfile | None = None
+    policy: ScalingPolicy | None = None
+    interval: float = 15.0
+    window: float = 60.0
+    provisioning_delay: float = 120.0
+    step_time: StepTime = step_time
+    ttft_slo: float = 2.0
+    tpot_slo: float = 0.05
+
+
+@dataclass
+class Result:
+    """What a run produced."""
+
+    outcomes: list[Outcome]
+    duration: float
+    gpu_seconds: float
+    scaling_actions: int
+    timeline: list[dict[str, float]]
+
+    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float, float]:
+        """Fractions of requests meeting TTFT, TPOT, and both (unfinished requests miss)."""
+        n = max(1, len(self.outcomes))
+        ttft = sum(1 for o in self.outcomes if o.ttft is not None and o.ttft <= ttft_slo)
+        tpot = sum(1 for o in self.outcomes if o.tpot is not None and o.tpot <= tpot_slo)
+        both = sum(
+            1
+            for o in self.outcomes
+            if o.ttft is not None
+            and o.tpot is not None
+            and o.ttft <= ttft_slo
+            and o.tpot <= tpot_slo
+        )
+        return ttft / n, tpot / n, both / n
+
+    def goodput_per_gpu(self, ttft_slo: float, tpot_slo: float) -> float:
+        """Requests per second meeting both SLOs, per GPU (time-averaged)."""
+        good = self.attainment(ttft_slo, tpot_slo)[2] * len(self.outcomes)
+        gpus = self.gpu_seconds / self.duration if self.duration else 1.0
+        return good / self.duration / gpus if self.duration and gpus else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+class Fleet:
+    """The event loop."""
+
+    def __init__(self, config: FleetConfig) -> None:
+        self.config = config
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self.engines: list[Engine] = []
+        self.outcomes: dict[int, Outcome] = {}
+        self.actions = 0
+        self.timeline: list[dict[str, float]] = []
+        self._owners: dict[int, tuple[Engine, Outcome]] = {}
+        pools: tuple[PoolName, ...] = (
+            ("decode",) if config.mode == "colocated" else ("prefill", "decode")
+        )
+        self.pools = pools
+        for pool in pools:
+            for _ in range(config.replicas[pool]):
+                self._add_engine(pool, ready_at=0.0)
+
+    def _shape(self, pool: PoolName) -> EngineShape:
+        if pool == "prefill" and self.config.prefill_shape is not None:
+            return self.config.prefill_shape
+        return self.config.shape
+
+    def _add_engine(self, pool: PoolName, ready_at: float) -> None:
+        shape = self._shape(pool)
+        scheduler = Scheduler(
+            shape, self.config.budget[pool], self.config.max_num_seqs, kv_capacity_tokens(shape)
+        )
+        self.engines.append(Engine(pool, scheduler, ready_at))
+
+    def at(self, time: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (time, next(self._seq), action))
+
+    def _serving(self, pool: PoolName) -> list[Engine]:
+        return [
+            e
+            for e in self.engines
+            if e.pool == pool and not e.draining and e.removed_at is None and e.ready_at <= self.now
+        ]
+
+    def _dispatch(self, pool: PoolName, sim: SimRequest, outcome: Outcome) -> None:
+        engines = self._serving(pool)
+        if not engines:  # nothing serves yet (all provisioning): retry shortly, as a router would
+            self.at(self.now + 1.0, lambda: self._dispatch(pool, sim, outcome))
+            return
+        engine = min(engines, key=lambda e: (e.outstanding, id(e)))
+        engine.outstanding += 1
+        self._owners[id(sim)] = (engine, outcome)
+        engine.scheduler.waiting.append(sim)
+        self._kick(engine)
+
+    def _kick(self, engine: Engine) -> None:
+        if engine.busy:
+            return
+        step = engine.scheduler.plan()
+        if step.tokens == 0:
+            return
+        engine.busy = True
+        duration = self.config.step_time(
+            engine.scheduler.shape,
+            [PrefillChunk(n, r.prefilled) for r, n in step.chunks],
+            [r.context for r in step.decodes],
+        )
+        self.at(self.now + duration, lambda: self._finish_step(engine, step))
+
+    def _finish_step(self, engine: Engine, step: Step) -> None:
+        engine.busy = False
+        result = engine.scheduler.complete(step)
+        for sim, index in result.emitted:
+            _, outcome = self._owners[id(sim)]
+            if engine.pool == "prefill" and self.config.mode == "disaggregated":
+                continue
+            if index == 0:
+                outcome.first_token = self.now
+            outcome.last_token = self.now
+            outcome.tokens = index + 1
+        for sim in result.finished:
+            owner, outcome = self._owners.pop(id(sim))
+            owner.outstanding -= 1
+            if owner.pool == "prefill" and self.config.mode == "disaggregated":
+                outcome.prefill_done = self.now
+                network = self.config.network
+                delay = (
+                    0.0
+                    if network is None
+                    else _transfer(self._shape("prefill"), sim.prompt_tokens, network)
+                )
+                decode = SimRequest(
+                    sim.id, sim.prompt_tokens, outcome.request.output_tokens, kv_ready=True
+                )
+                self.at(
+                    self.now + delay, functools.partial(self._dispatch, "decode", decode, outcome)
+                )
+        if engine.draining and engine.outstanding == 0 and not engine.scheduler.has_work():
+            engine.removed_at = self.now
+        self._kick(engine)
+
+    def _arrive(self, index: int, request: Request) -> None:
+        outcome = Outcome(request)
+        self.outcomes[index] = outcome
+        if self.config.mode == "colocated":
+            self._dispatch(
+                "decode",
+                SimRequest(str(index), request.prompt_tokens, request.output_tokens),
+                outcome,
+            )
+        else:
+            self._dispatch("prefill", SimRequest(str(index), request.prompt_tokens, 1), outcome)
+
+    def _stats(self, pool: PoolName) -> PoolStats:
+        since = self.now - self.config.window
+        recent = [o for o in self.outcomes.values() if o.request.arrival >= since]
+        done_first = [o for o in recent if o.first_token is not None]
+        if pool == "prefill" and self.config.mode == "disaggregated":
+            ttfts = [
+                o.prefill_done - o.request.arrival for o in recent if o.prefill_done is not None
+            ]
+        else:
+            ttfts = [t for o in done_first if (t := o.ttft) is not None]
+        tpots = [t for o in done_first if o.tokens > 1 and (t := o.tpot) is not None]
+        engines = [e for e in self.engines if e.pool == pool and e.removed_at is None]
+        serving = self._serving(pool)
+        capacity = sum(e.scheduler.kv_capacity for e in serving) or 1
+        span = min(self.config.window, max(self.now, 1e-9))
+        return PoolStats(
+            replicas=len([e for e in engines if not e.draining]),
+            ready=len(serving),
+            ttft_p99=percentile(ttfts, 0.99),
+            tpot_p99=percentile(tpots, 0.99),
+            queue=sum(len(e.scheduler.waiting) for e in serving),
+            running=sum(len(e.scheduler.running) for e in serving),
+            kv_usage=sum(e.scheduler.kv_used for e in serving) / capacity,
+            request_rate=len(recent) / span,
+            prompt_tokens_rate=sum(o.request.prompt_tokens for o in recent) / span,
+            mean_prompt=sum(o.request.prompt_tokens for o in recent) / max(1, len(recent)),
+            mean_output=sum(o.request.output_tokens for o in recent) / max(1, len(recent)),
+        )
+
+    def _scale(self, pool: PoolName, desired: int) -> None:
+        low, high = self.config.bounds[pool]
+        desired = max(low, min(high, desired))
+        live = [
+            e for e in self.engines if e.pool == pool and e.removed_at is None and not e.draining
+        ]
+        if desired > len(live):
+            for _ in range(desired - len(live)):
+                self._add_engine(pool, ready_at=self.now + self.config.provisioning_delay)
+            self.actions += 1
+        elif desired < len(live):
+            for engine in sorted(live, key=lambda e: (e.ready_at <= self.now, e.outstanding))[
+                : len(live) - desired
+            ]:
+                engine.draining = True
+                if engine.outstanding == 0 and not engine.scheduler.has_work():
+                    engine.removed_at = self.now
+            self.actions += 1
+
+    def _evaluate(self) -> None:
+        sample: dict[str, float] = {"t": self.now}
+        for pool in self.pools:
+            stats = self._stats(pool)
+            if self.config.policy is not None:
+                self._scale(pool, self.config.policy.desired(pool, stats, self.now))
+            sample[f"{pool}_replicas"] = len(
+                [
+                    e
+                    for e in self.engines
+                    if e.pool == pool and e.removed_at is None and not e.draining
+                ]
+            )
+            sample[f"{pool}_ttft_p99"] = stats.ttft_p99 if stats.ttft_p99 is not None else math.nan
+            sample[f"{pool}_tpot_p99"] = stats.tpot_p99 if stats.tpot_p99 is not None else math.nan
+            sample["request_rate"] = stats.request_rate
+        self.timeline.append(sample)
+        if self._events:
+            self.at(self.now + self.config.interval, self._evaluate)
+
+    def run(self, requests: Sequence[Request], drain: float = 600.0) -> Result:
+        """Play the requests; keep going up to ``drain`` seconds after the last arrival."""
+        for index, request in enumerate(requests):
+            self.at(request.arrival, functools.partial(self._arrive, index, request))
+        self.at(0.0, self._evaluate)
+        end = (requests[-1].arrival if requests else 0.0) + drain
+        while self._events and self._events[0][0] <= end:
+            self.now, _, action = heapq.heappop(self._events)
+            action()
+        duration = max(self.now, requests[-1].arrival if requests else 0.0)
+        gpu_seconds = 0.0
+        for engine in self.engines:
+            gpus = self._shape(engine.pool).tp
+            created = (
+                max(0.0, engine.ready_at - self.config.provisioning_delay)
+                if engine.ready_at > 0
+                else 0.0
+            )
+            gone = engine.removed_at if engine.removed_at is not None else duration
+            gpu_seconds += max(0.0, gone - created) * gpus
+        ordered = [self.outcomes[i] for i in sorted(self.outcomes)]
+        return Result(ordered, duration, gpu_seconds, self.actions, self.timeline)
+
+
+def _transfer(shape: EngineShape, tokens: int, network: NetworkProfile) -> float:
+    return transfer_time(shape, tokens, network)
+
+
+def simulate(config: FleetConfig, requests: Sequence[Request], drain: float = 600.0) -> Result:
+    """Run one deployment against one request stream."""
+    return Fleet(config).run(requests, drain)

@@ -1,0 +1,146 @@
+"""Request streams for the fleet simulator: synthetic workloads, shapes, and trace files (pure).
+
+Synthetic workloads follow the published statistics in ``shared/reference/performance.md``:
+chat is the Azure conversation trace (lognormal prompt mu 6.63 sigma 0.99, output mu 5.02
+sigma 0.86, Poisson), code is the Azure code trace (prompt 7.00/1.36, output 2.79/0.85,
+bursty Gamma inter-arrivals), long-context is Mooncake-like (prompt 8.74/1.20, output
+5.34/1.36). Everything is seeded: the same arguments give the same requests.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a trace: when it arrives and how long it is, in tokens."""
+
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Length distributions and burstiness of a kind of traffic."""
+
+    prompt_mu: float
+    prompt_sigma: float
+    prompt_max: int
+    output_mu: float
+    output_sigma: float
+    output_max: int
+    burstiness: float = 1.0
+    """Coefficient of variation of inter-arrival times (1 = Poisson)."""
+
+
+WORKLOADS: Final[dict[str, Workload]] = {
+    "chat": Workload(6.63, 0.99, 8192, 5.02, 0.86, 1000),
+    "code": Workload(7.00, 1.36, 7437, 2.79, 0.85, 512, burstiness=4.0),
+    "long-context": Workload(8.74, 1.20, 32768, 5.34, 1.36, 1000),
+}
+
+RateShape = Callable[[float], float]
+"""Multiplier of the base rate at time t (seconds)."""
+
+
+def steady(_: float) -> float:
+    return 1.0
+
+
+def diurnal(period: float, low: float = 0.3) -> RateShape:
+    """A day compressed into ``period`` seconds: from ``low`` to 1 and back."""
+    return lambda t: low + (1 - low) * (0.5 - 0.5 * math.cos(2 * math.pi * t / period))
+
+
+def burst(start: float, length: float, factor: float) -> RateShape:
+    """``factor`` times the base rate between ``start`` and ``start + length``."""
+    return lambda t: factor if start <= t < start + length else 1.0
+
+
+def step(at: float, factor: float) -> RateShape:
+    """The rate changes by ``factor`` at time ``at`` and stays there."""
+    return lambda t: factor if t >= at else 1.0
+
+
+def _length(rng: random.Random, mu: float, sigma: float, limit: int) -> int:
+    return max(1, min(limit, round(rng.lognormvariate(mu, sigma))))
+
+
+def generate(
+    workload: Workload | str,
+    rate: float,
+    duration: float,
+    seed: int = 0,
+    shape: RateShape = steady,
+    fixed: tuple[int, int] | None = None,
+) -> list[Request]:
+    """Requests at ``rate`` per second (times ``shape``) for ``duration`` seconds.
+
+    ``fixed`` = (prompt, output) overrides the length distributions (for validation runs).
+    """
+    spec = WORKLOADS[workload] if isinstance(workload, str) else workload
+    if rate <= 0 or duration <= 0:
+        return []
+    rng = random.Random(seed)
+    requests: list[Request] = []
+    t = 0.0
+    cv = spec.burstiness
+    peak = rate * max(shape(x * duration / 200) for x in range(201))
+    while True:
+        # Gamma inter-arrivals with the workload's CV, thinned to follow the shape.
+        gap = rng.gammavariate(1 / cv**2, cv**2 / peak) if cv != 1 else rng.expovariate(peak)
+        t += gap
+        if t >= duration:
+            return requests
+        if rng.random() > rate * shape(t) / peak:
+            continue
+        if fixed is not None:
+            prompt, output = fixed
+        else:
+            prompt = _length(rng, spec.prompt_mu, spec.prompt_sigma, spec.prompt_max)
+            output = _length(rng, spec.output_mu, spec.output_sigma, spec.output_max)
+        requests.append(Request(t, prompt, output))
+
+
+def load_trace(path: Path) -> list[Request]:
+    """A user's trace: CSV (arrival,input_tokens,output_tokens) or JSONL with those keys.
+
+    Arrival is seconds (or milliseconds if a ``timestamp`` key in ms is used, as in Mooncake's
+    traces). Raises ValueError naming the line of the first bad row.
+    """
+    rows: Iterator[dict[str, str]]
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        rows = (json.loads(line) for line in text.splitlines() if line.strip())
+    else:
+        rows = csv.DictReader(text.splitlines())
+    requests = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            if "timestamp" in row:
+                arrival = float(row["timestamp"]) / 1000
+            else:
+                arrival = float(row["arrival"])
+            prompt = int(row.get("input_tokens") or row["input_length"])
+            output = int(row.get("output_tokens") or row["output_length"])
+        except (KeyError, ValueError, TypeError) as error:
+            raise ValueError(
+                f"{path}: row {number}: needs arrival, input_tokens, output_tokens ({error})"
+            ) from None
+        if prompt < 1 or output < 1 or arrival < 0:
+            raise ValueError(f"{path}: row {number}: token counts must be >= 1 and arrival >= 0")
+        requests.append(Request(arrival, prompt, output))
+    requests.sort(key=lambda r: r.arrival)
+    if requests:
+        start = requests[0].arrival
+        requests = [Request(r.arrival - start, r.prompt_tokens, r.output_tokens) for r in requests]
+    return requests
