@@ -19,6 +19,9 @@ from disagg.devcluster.layout import cache_dir
 from harness import EXAMPLES, ROOT, Kube, Operator, condition, wait_for
 
 CHART = ROOT / "charts" / "disagg-operator"
+RELEASE = "e2e-disagg-operator"
+"""A release name of its own: the demo (run earlier in the suite) leaves `disagg-operator`
+installed, and its ClusterRole is cluster-scoped."""
 HELM = cache_dir() / "bin" / "helm" / "helm"
 sys.path.insert(0, str(ROOT / "manifests"))
 import generate  # noqa: E402
@@ -156,7 +159,7 @@ def release(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     kube.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     helm(
         "install",
-        "disagg-operator",
+        RELEASE,
         str(CHART),
         "-n",
         namespace,
@@ -168,12 +171,12 @@ def release(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     try:
         yield (
             namespace,
-            _sa_kubeconfig(kube, namespace, "disagg-operator", tmp_path / "sa.kubeconfig"),
+            _sa_kubeconfig(kube, namespace, RELEASE, tmp_path / "sa.kubeconfig"),
         )
     finally:
         helm(
             "uninstall",
-            "disagg-operator",
+            RELEASE,
             "-n",
             namespace,
             check=False,
@@ -193,12 +196,12 @@ def test_helm_install_runs_the_operator_under_its_own_least_privilege_account(
     kube: Kube, release: tuple[str, Path], namespace: str
 ) -> None:
     release_ns, sa_kubeconfig = release
-    deployment = kube.get("deployment", "disagg-operator", release_ns)
+    deployment = kube.get("deployment", RELEASE, release_ns)
     assert deployment is not None and deployment["spec"]["replicas"] == 2
     wait_for(
         "the chart's operator pods to be Ready (kwok)",
         lambda: (
-            (kube.get("deployment", "disagg-operator", release_ns) or {})
+            (kube.get("deployment", RELEASE, release_ns) or {})
             .get("status", {})
             .get("readyReplicas")
             == 2
@@ -210,7 +213,7 @@ def test_helm_install_runs_the_operator_under_its_own_least_privilege_account(
         "can-i",
         "create",
         "secrets",
-        f"--as=system:serviceaccount:{release_ns}:disagg-operator",
+        f"--as=system:serviceaccount:{release_ns}:{RELEASE}",
         "-n",
         namespace,
         check=False,
@@ -264,7 +267,7 @@ def test_removing_any_one_rule_breaks_something(
     kube: Kube, release: tuple[str, Path], namespace: str
 ) -> None:
     _, sa_kubeconfig = release
-    original = kube.get("clusterrole", "disagg-operator", "")
+    original = kube.get("clusterrole", RELEASE, "")
     assert original is not None
     try:
         for resource, symptom in RULE_CHECKS:
