@@ -109,6 +109,24 @@ def _condition(
     }
 
 
+def apply_merge_patch(target: Obj, patch: Obj) -> Obj:
+    """The result of a JSON merge patch (RFC 7386) on ``target`` (pure)."""
+    result = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = apply_merge_patch(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def _without_timestamp(status: Obj) -> Obj:
+    metrics = {k: v for k, v in (status.get("metrics") or {}).items() if k != "observedAt"}
+    return {**status, "metrics": metrics}
+
+
 def merge_conditions(previous: list[Obj], updates: list[Obj]) -> list[Obj]:
     """Replace the autoscaler's conditions, keep the reconciler's (pure)."""
     replaced = {c["type"] for c in updates}
@@ -335,6 +353,9 @@ class ModelAutoscaler:
             log.debug("Could not record the autoscaler failure: %s", error)
 
     async def _patch_status(self, body: Obj, patch: Obj) -> None:
+        current = body.get("status") or {}
+        if _without_timestamp(apply_merge_patch(current, patch)) == _without_timestamp(current):
+            return  # nothing but the sample time would change: an unchanged model costs no write
         try:
             await self.client.patch_status(
                 "DisaggregatedModel",

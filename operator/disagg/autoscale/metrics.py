@@ -44,15 +44,21 @@ class PrometheusSource:
     def __init__(self, url: str, timeout: int = QUERY_TIMEOUT) -> None:
         self.url = url
         self._timeout = timeout
-        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=timeout,
-                                         retry=Retry(total=0))  # fmt: skip
+        self._client = PrometheusConnect(
+            url=url, disable_ssl=True, timeout=timeout, retry=Retry(total=0)
+        )
 
     def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(promql, timeout=self._timeout)
-        except (PrometheusApiClientException, RequestException, ValueError) as error:
+        except RequestException as error:
+            # The message must not vary between ticks (no object addresses): it lands in status.
             raise MetricsUnavailable(
-                f"Prometheus at {self.url} failed on {promql!r}: {error}"
+                f"cannot reach Prometheus at {self.url} ({type(error).__name__})"
+            ) from error
+        except (PrometheusApiClientException, ValueError) as error:
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} rejected {promql!r}: {error}"
             ) from error
         return result
 
@@ -94,6 +100,11 @@ class PrometheusSource:
             ) from error
         (p99, _), (rate, _), (queue, _), (running, _), (kv, _), (pods, _), (last, _) = values
         return Signals(
-            p99=p99, request_rate=rate, queue=queue, running=running, kv_usage=kv,
-            pods_reporting=int(pods or 0), sampled_at=last if last is not None else 0.0,
-        )  # fmt: skip
+            p99=p99,
+            request_rate=rate,
+            queue=queue,
+            running=running,
+            kv_usage=kv,
+            pods_reporting=int(pods or 0),
+            sampled_at=last if last is not None else 0.0,
+        )
