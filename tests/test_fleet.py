@@ -63,3 +63,38 @@ def test_a_slower_network_delays_the_first_token_of_disaggregated_requests() -> 
         result = simulate(config, requests)
         ttft[network] = sum(o.ttft or 0 for o in result.outcomes) / len(result.outcomes)
     assert ttft["tcp"] > ttft["ib400"] * 1.2
+
+
+def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
+    from disagg.autoscale.policy import Behavior, PoolPolicy
+    from disagg.sim.fleet_policies import SloPolicy, StaticPolicy, ThresholdPolicy
+    from disagg.sim.traffic import burst
+
+    requests = generate("chat", 2.0, 600, seed=21, shape=burst(200, 200, 20.0))
+    policies = {
+        "prefill": PoolPolicy(2.0, 1, 8, 1),
+        "decode": PoolPolicy(0.05, 1, 8, 1, max_num_seqs=64),
+    }
+    behavior = Behavior(up_cooldown=30, down_window=120, down_cooldown=60, stale_after=1e9)
+    results = {}
+    for policy in (StaticPolicy(), SloPolicy(policies, behavior), ThresholdPolicy(max_num_seqs=64)):
+        config = FleetConfig(
+            "disaggregated",
+            H100_8B,
+            network=NETWORKS["ib400"],
+            policy=policy,
+            max_num_seqs=64,
+            provisioning_delay=60,
+            interval=15,
+            ttft_slo=2.0,
+            tpot_slo=0.05,
+        )
+        results[policy.name] = simulate(config, requests)
+    static, ours = results["static"], results["slo (ours)"]
+    assert ours.scaling_actions > 0 and static.scaling_actions == 0
+    assert max(s["decode_replicas"] + s["prefill_replicas"] for s in ours.timeline) > 2
+    assert ours.attainment(2.0, 0.05)[2] > static.attainment(2.0, 0.05)[2]
+    # It gives the GPUs back after the burst.
+    assert ours.timeline[-1]["prefill_replicas"] + ours.timeline[-1]["decode_replicas"] < max(
+        s["prefill_replicas"] + s["decode_replicas"] for s in ours.timeline
+    )
