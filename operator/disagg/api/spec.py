@@ -1,4 +1,5 @@
-"""The ``spec`` of a DisaggregatedModel: what the user asks for.
+"""The ``spec`` of a DisaggregatedModel: what the user asks for (network and autoscaling
+settings live in their own modules and are re-exported here).
 
 Field descriptions become ``kubectl explain`` text through the generated CRD, so they are
 written for the person reading them there. Cross-field rules live next to the model they
@@ -11,15 +12,20 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from disagg.api.base import ApiModel, Duration, Quantity, parse_duration
+from disagg.api.autoscaling import (
+    AutoscalingSpec,
+    QueryOverrides,
+    ScaleDownBehavior,
+    ScaleUpBehavior,
+)
+from disagg.api.base import ApiModel, Quantity
+from disagg.api.network import NetworkSpec, RdmaSpec, Transport
 from disagg.api.rules import Rule
 
 Backend = Literal["vllm", "sglang"]
 KvConnector = Literal["nixl", "mooncake", "lmcache"]
-Transport = Literal["rdma", "tcp"]
 Role = Literal["prefill", "decode"]
 
-_EXTENDED_RESOURCE = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
@@ -257,83 +263,6 @@ class PoolSpec(ApiModel):
         return self.tensor_parallel_size * self.data_parallel_size
 
 
-class RdmaSpec(ApiModel):
-    """RDMA wiring of the engine pods for the KV-cache transfer."""
-
-    resource_name: str = Field(
-        default="rdma/ib",
-        pattern=_EXTENDED_RESOURCE,
-        description="Extended resource of the RDMA device plugin (e.g. rdma/ib, "
-        "rdma/rdma_shared_device_a, nvidia.com/hostdev).",
-    )
-    resource_count: int = Field(
-        default=1,
-        ge=1,
-        le=64,
-        description="How many of that resource each replica requests. Shared-device plugins "
-        "expose all HCAs through one slot: keep 1.",
-    )
-    networks: list[str] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Multus NetworkAttachmentDefinitions to attach (name, namespace/name or "
-        "name@interface); written to the k8s.v1.cni.cncf.io/networks annotation.",
-    )
-    ucx_devices: list[str] = Field(
-        default_factory=list,
-        max_length=64,
-        description="UCX devices for the transfer (e.g. mlx5_0:1). Empty: the launcher "
-        "detects the HCAs present in the pod.",
-    )
-    gid_index: int | None = Field(
-        default=None,
-        ge=0,
-        le=255,
-        description="RoCE GID index (UCX_IB_GID_INDEX). Empty: the launcher detects it.",
-    )
-    host_network: bool = Field(
-        default=False, description="Run engine pods on the host network (no Multus needed)."
-    )
-    allow_tcp_fallback: bool = Field(
-        default=False,
-        description="When no RDMA device is usable, start on TCP with a warning instead of "
-        "failing the pod.",
-    )
-
-
-class NetworkSpec(ApiModel):
-    """How the KV cache moves from prefill to decode."""
-
-    transport: Transport = Field(
-        default="rdma",
-        description="rdma for production (InfiniBand or RoCE); tcp for development only "
-        "(KV transfer is tens of times slower).",
-    )
-    rdma: RdmaSpec | None = Field(
-        default=None,
-        description="RDMA settings; only with transport rdma. Default: rdma/ib x1, autodetect.",
-    )
-    shm_size: Quantity = Field(
-        default="16Gi", description="Size of the memory-backed /dev/shm of engine pods."
-    )
-
-    rules: ClassVar = (
-        Rule(
-            cel="self.transport == 'rdma' || !has(self.rdma)",
-            message="network.rdma is only allowed with network.transport rdma",
-            check=lambda m: m.transport == "rdma" or m.rdma is None,
-            field_path=".rdma",
-        ),
-    )
-
-    @property
-    def rdma_or_default(self) -> RdmaSpec | None:
-        """The RDMA settings in force, or None on TCP."""
-        if self.transport != "rdma":
-            return None
-        return self.rdma or RdmaSpec()
-
-
 class RouterSpec(ApiModel):
     """The OpenAI-compatible front door that sends each request to prefill, then decode."""
 
@@ -362,123 +291,6 @@ class RouterSpec(ApiModel):
             message="router.replicas must be >= 1 when the router is enabled",
             check=lambda m: not m.enabled or m.replicas >= 1,
             field_path=".replicas",
-        ),
-    )
-
-
-class ScaleUpBehavior(ApiModel):
-    """How fast the autoscaler may grow a pool."""
-
-    stabilization_window: Duration = Field(
-        default="0s",
-        description="A larger size must be recommended this long before it is acted on.",
-    )
-    max_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per step.")
-    cooldown: Duration = Field(default="30s", description="Least time between two scale-ups.")
-
-
-class ScaleDownBehavior(ApiModel):
-    """How fast the autoscaler may shrink a pool: slowly, so it never flaps."""
-
-    stabilization_window: Duration = Field(
-        default="5m",
-        description="A smaller size must be recommended this long before it is acted on.",
-    )
-    max_step: int = Field(default=1, ge=1, le=100, description="Most replicas removed per step.")
-    cooldown: Duration = Field(
-        default="2m", description="Least time after any scaling before a scale-down."
-    )
-
-
-class QueryOverrides(ApiModel):
-    """PromQL that replaces a default query. ``$selector`` and ``$window`` are substituted."""
-
-    ttft_p99: str | None = Field(default=None, min_length=1, description="TTFT p99, seconds.")
-    tpot_p99: str | None = Field(
-        default=None, min_length=1, description="Inter-token p99, seconds."
-    )
-    queue: str | None = Field(
-        default=None, min_length=1, description="Waiting requests in the pool."
-    )
-    running: str | None = Field(
-        default=None, min_length=1, description="Running requests in the pool."
-    )
-    kv_usage: str | None = Field(
-        default=None, min_length=1, description="Mean KV-cache usage, 0..1."
-    )
-    request_rate: str | None = Field(default=None, min_length=1, description="Requests per second.")
-    pods_reporting: str | None = Field(
-        default=None, min_length=1, description="Number of pods whose metrics are present."
-    )
-    last_sample: str | None = Field(
-        default=None, min_length=1, description="Unix time of the newest sample (staleness check)."
-    )
-
-
-class AutoscalingSpec(ApiModel):
-    """SLO-driven autoscaling: prefill from TTFT, decode from TPOT, read from Prometheus."""
-
-    enabled: bool = Field(default=False, description="Let the autoscaler size both pools.")
-    mode: Literal["builtin", "external"] = Field(
-        default="builtin",
-        description="builtin: the operator's SLO autoscaler sizes the pools. external: the "
-        "operator renders a KEDA ScaledObject or an HPA per pool from the same queries and leaves "
-        "replica counts to it.",
-    )
-    external_scaler: Literal["keda", "hpa"] = Field(
-        default="keda",
-        description="With mode external: KEDA ScaledObjects (Prometheus trigger) or HPAs on "
-        "external metrics served by prometheus-adapter.",
-    )
-    ttft_p99: Duration = Field(
-        default="2s", description="Time-to-first-token p99 target; drives the prefill pool."
-    )
-    tpot_p99: Duration = Field(
-        default="50ms",
-        description="Inter-token latency (TPOT) p99 target; drives the decode pool.",
-    )
-    prometheus_url: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090",
-        pattern=r"^https?://",
-        description="Prometheus HTTP API the autoscaler queries.",
-    )
-    interval: Duration = Field(default="15s", description="How often the autoscaler decides.")
-    window: Duration = Field(
-        default="2m", description="Rate window of the latency and load queries."
-    )
-    scale_up: ScaleUpBehavior = Field(
-        default_factory=ScaleUpBehavior, description="Scale-up speed limits."
-    )
-    scale_down: ScaleDownBehavior = Field(
-        default_factory=ScaleDownBehavior, description="Scale-down speed limits."
-    )
-    max_total_gpus: int | None = Field(
-        default=None, ge=1, description="GPU budget of both pools together. Default: none."
-    )
-    queries: QueryOverrides | None = Field(
-        default=None, description="Replace any of the default PromQL queries."
-    )
-
-    rules: ClassVar = (
-        Rule(
-            cel="duration(self.ttftP99) > duration('0s')",
-            message="autoscaling.ttftP99 must be greater than zero",
-            check=lambda m: parse_duration(m.ttft_p99) > 0,
-            field_path=".ttftP99",
-        ),
-        Rule(
-            cel="duration(self.tpotP99) > duration('0s')",
-            message="autoscaling.tpotP99 must be greater than zero",
-            check=lambda m: parse_duration(m.tpot_p99) > 0,
-            field_path=".tpotP99",
-        ),
-        Rule(
-            cel="duration(self.interval) >= duration('1s') && "
-            "duration(self.interval) <= duration(self.window)",
-            message="autoscaling.interval must be at least 1s and no longer than "
-            "autoscaling.window",
-            check=lambda m: 1 <= parse_duration(m.interval) <= parse_duration(m.window),
-            field_path=".interval",
         ),
     )
 
@@ -565,3 +377,23 @@ class DisaggregatedModelSpec(ApiModel):
     def served_name(self) -> str:
         """The name clients use in requests."""
         return self.model.served_name or self.model.name
+
+
+__all__ = [
+    "AutoscalingSpec",
+    "Backend",
+    "DisaggregatedModelSpec",
+    "EngineSpec",
+    "EnvVar",
+    "KvConnector",
+    "ModelSpec",
+    "NetworkSpec",
+    "PoolSpec",
+    "QueryOverrides",
+    "RdmaSpec",
+    "Role",
+    "RouterSpec",
+    "ScaleDownBehavior",
+    "ScaleUpBehavior",
+    "Transport",
+]

@@ -1,0 +1,127 @@
+"""`spec.autoscaling`: SLOs, Prometheus, speed limits and query overrides of the autoscaler."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from disagg.api.base import ApiModel, Duration, parse_duration
+from disagg.api.rules import Rule
+
+
+class ScaleUpBehavior(ApiModel):
+    """How fast the autoscaler may grow a pool."""
+
+    stabilization_window: Duration = Field(
+        default="0s",
+        description="A larger size must be recommended this long before it is acted on.",
+    )
+    max_step: int = Field(default=4, ge=1, le=100, description="Most replicas added per step.")
+    cooldown: Duration = Field(default="30s", description="Least time between two scale-ups.")
+
+
+class ScaleDownBehavior(ApiModel):
+    """How fast the autoscaler may shrink a pool: slowly, so it never flaps."""
+
+    stabilization_window: Duration = Field(
+        default="5m",
+        description="A smaller size must be recommended this long before it is acted on.",
+    )
+    max_step: int = Field(default=1, ge=1, le=100, description="Most replicas removed per step.")
+    cooldown: Duration = Field(
+        default="2m", description="Least time after any scaling before a scale-down."
+    )
+
+
+class QueryOverrides(ApiModel):
+    """PromQL that replaces a default query. ``$selector`` and ``$window`` are substituted."""
+
+    ttft_p99: str | None = Field(default=None, min_length=1, description="TTFT p99, seconds.")
+    tpot_p99: str | None = Field(
+        default=None, min_length=1, description="Inter-token p99, seconds."
+    )
+    queue: str | None = Field(
+        default=None, min_length=1, description="Waiting requests in the pool."
+    )
+    running: str | None = Field(
+        default=None, min_length=1, description="Running requests in the pool."
+    )
+    kv_usage: str | None = Field(
+        default=None, min_length=1, description="Mean KV-cache usage, 0..1."
+    )
+    request_rate: str | None = Field(default=None, min_length=1, description="Requests per second.")
+    pods_reporting: str | None = Field(
+        default=None, min_length=1, description="Number of pods whose metrics are present."
+    )
+    last_sample: str | None = Field(
+        default=None, min_length=1, description="Unix time of the newest sample (staleness check)."
+    )
+
+
+class AutoscalingSpec(ApiModel):
+    """SLO-driven autoscaling: prefill from TTFT, decode from TPOT, read from Prometheus."""
+
+    enabled: bool = Field(default=False, description="Let the autoscaler size both pools.")
+    mode: Literal["builtin", "external"] = Field(
+        default="builtin",
+        description="builtin: the operator's SLO autoscaler sizes the pools. external: the "
+        "operator renders a KEDA ScaledObject or an HPA per pool from the same queries and leaves "
+        "replica counts to it.",
+    )
+    external_scaler: Literal["keda", "hpa"] = Field(
+        default="keda",
+        description="With mode external: KEDA ScaledObjects (Prometheus trigger) or HPAs on "
+        "external metrics served by prometheus-adapter.",
+    )
+    ttft_p99: Duration = Field(
+        default="2s", description="Time-to-first-token p99 target; drives the prefill pool."
+    )
+    tpot_p99: Duration = Field(
+        default="50ms",
+        description="Inter-token latency (TPOT) p99 target; drives the decode pool.",
+    )
+    prometheus_url: str = Field(
+        default="http://prometheus-operated.monitoring.svc:9090",
+        pattern=r"^https?://",
+        description="Prometheus HTTP API the autoscaler queries.",
+    )
+    interval: Duration = Field(default="15s", description="How often the autoscaler decides.")
+    window: Duration = Field(
+        default="2m", description="Rate window of the latency and load queries."
+    )
+    scale_up: ScaleUpBehavior = Field(
+        default_factory=ScaleUpBehavior, description="Scale-up speed limits."
+    )
+    scale_down: ScaleDownBehavior = Field(
+        default_factory=ScaleDownBehavior, description="Scale-down speed limits."
+    )
+    max_total_gpus: int | None = Field(
+        default=None, ge=1, description="GPU budget of both pools together. Default: none."
+    )
+    queries: QueryOverrides | None = Field(
+        default=None, description="Replace any of the default PromQL queries."
+    )
+
+    rules: ClassVar = (
+        Rule(
+            cel="duration(self.ttftP99) > duration('0s')",
+            message="autoscaling.ttftP99 must be greater than zero",
+            check=lambda m: parse_duration(m.ttft_p99) > 0,
+            field_path=".ttftP99",
+        ),
+        Rule(
+            cel="duration(self.tpotP99) > duration('0s')",
+            message="autoscaling.tpotP99 must be greater than zero",
+            check=lambda m: parse_duration(m.tpot_p99) > 0,
+            field_path=".tpotP99",
+        ),
+        Rule(
+            cel="duration(self.interval) >= duration('1s') && "
+            "duration(self.interval) <= duration(self.window)",
+            message="autoscaling.interval must be at least 1s and no longer than "
+            "autoscaling.window",
+            check=lambda m: 1 <= parse_duration(m.interval) <= parse_duration(m.window),
+            field_path=".interval",
+        ),
+    )
