@@ -438,3 +438,41 @@ def test_sglang_mode_pairs_prefill_and_decode_through_bootstrap_rooms() -> None:
     finally:
         for proc in (front, prefill, decode):
             proc.stop()
+
+
+def test_sglang_decode_waits_for_a_room_the_prefill_engine_has_not_seen_yet() -> None:
+    """The router fires both requests at once, so decode may ask for the KV first."""
+    prefill = engine("sglang-late-prefill", "127.43.41.1", "prefill")
+    decode = engine("sglang-early-decode", "127.43.41.2", "decode")
+    paired = {
+        "model": "m",
+        "prompt": long_prompt(300),
+        "max_tokens": 4,
+        "bootstrap_host": "127.43.41.1",
+        "bootstrap_port": 5600,
+        "bootstrap_room": 424242,
+    }
+
+    async def scenario() -> tuple[int, dict[str, object]]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            decode_call = asyncio.create_task(
+                session.post(decode.url + "/v1/completions", json=paired)
+            )
+            await asyncio.to_thread(
+                wait_for,
+                "the decode engine to receive the paired request",
+                lambda: [r for r in decode.get("/admin/requests") if r["path"].endswith("completions")],
+                10,
+            )
+            async with session.post(prefill.url + "/v1/completions", json=paired) as answer:
+                assert answer.status == 200, await answer.text()
+            async with await decode_call as response:
+                return response.status, await response.json()
+
+    try:
+        status, body = run(scenario())
+        assert status == 200, body
+        assert body["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    finally:
+        for proc in (prefill, decode):
+            proc.stop()

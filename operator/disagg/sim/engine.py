@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
-from disagg.sim.kvchannel import KvLender, KvPending, fetch
+from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
 from disagg.sim.metrics import EngineMetrics
 from disagg.sim.scheduler import Scheduler, SimRequest
 
@@ -175,13 +175,18 @@ class Engine:
         prompt_tokens: int,
         deadline_seconds: float = 300.0,
     ) -> None:
-        """SGLang decode: poll the prefill engine's bootstrap server until the KV is ready."""
+        """SGLang decode: poll the prefill engine's bootstrap server until the KV is ready.
+
+        The router sends the request to both engines at once, so the decode side may ask
+        before the prefill side has even seen the room; like SGLang's decode, it waits for
+        the room to appear instead of failing.
+        """
         deadline = time.monotonic() + deadline_seconds * self.config.time_scale
         while True:
             try:
                 await self.load_remote_kv(host, port, request_id, prompt_tokens)
                 return
-            except KvPending:
+            except (KvPending, KvUnknown):
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.005)

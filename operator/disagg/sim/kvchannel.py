@@ -27,6 +27,10 @@ class KvPending(KvFetchError):
     """The prefill side knows the request but has not finished its prompt yet (SGLang)."""
 
 
+class KvUnknown(KvFetchError):
+    """The prefill side holds no lease for the request: expired, or not arrived yet."""
+
+
 @dataclass
 class Lease:
     tokens: int
@@ -123,6 +127,8 @@ async def fetch(host: str, port: int, request_id: str, read_timeout: float) -> i
         header = (await asyncio.wait_for(reader.readline(), read_timeout)).decode().strip()
         if header == "ERR pending":
             raise KvPending(f"prefill engine {host}:{port} has not finished {request_id}")
+        if header == "ERR expired or unknown request":
+            raise KvUnknown(f"prefill engine {host}:{port} holds no KV for {request_id}")
         if not header.startswith("OK "):
             raise KvFetchError(
                 f"prefill engine {host}:{port} refused the KV: {header.removeprefix('ERR ')}"
