@@ -9,7 +9,8 @@ scale-up early: waiting requests per replica (both), KV-cache usage and running 
   no data is never read as idle;
 * scale **up** fast: as soon as the pool breaches (beyond a tolerance band sized from the
   histogram bucket that holds the SLO, so interpolation noise at a bucket edge cannot flap),
-  by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``;
+  by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``; while replicas of an
+  earlier scale-up are still starting, only if the ready replicas' load needs more than that;
 * scale **down** slowly: only when the pool would still meet its SLO with one replica fewer,
   when that has been true for the whole ``scaleDown.stabilizationWindow``, one step at a time,
   after ``scaleDown.cooldown``; an idle pool (no requests at all) goes down to its minimum;
@@ -177,7 +178,8 @@ def decide_pool(
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
     load = [latency]
-    replicas = max(1, current)
+    # Per-replica load is measured on the replicas that serve: starting ones carry none yet.
+    replicas = max(1, min(current, ready))
     if signals.queue:
         load.append(signals.queue / replicas / QUEUE_PER_REPLICA_TARGET)
     if pool == "decode" and signals.kv_usage is not None:
@@ -197,8 +199,24 @@ def decide_pool(
     )
 
     horizon = 2 * max(behavior.up_window, behavior.down_window) + 60
+    starting = current - ready
     if breach and current < policy.max_replicas:
         want = max(current + 1, math.ceil(current * min(pressure, 2.0)))
+        if starting > 0:
+            # A scale-up is still loading the model. The load it was meant for is measured on
+            # the ready replicas; asking again before they start would stack a second step on
+            # the first (minutes of provisioning make that a large overshoot).
+            want = math.ceil(replicas * min(pressure, 2.0))
+            if want <= current:
+                memory.remember(now, current, horizon)
+                return Decision(
+                    pool,
+                    current,
+                    current,
+                    "hold",
+                    f"waiting for {starting} starting replica(s) ({observed})",
+                    pressure=pressure,
+                )
         desired = min(policy.max_replicas, current + behavior.up_step, want)
         memory.remember(now, desired, horizon)
         if since < behavior.up_cooldown:
