@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from disagg.perf import NETWORKS, EngineShape, PrefillChunk, gpu_profile, model_profile, step_time
-from disagg.sim.fleet import OPT13B_A100_TP1, FleetConfig, simulate
+from disagg.perf.fitted import DISTSERVE_OPT13B_A100
+from disagg.sim.fleet import FleetConfig, simulate
 from disagg.sim.traffic import generate
 
 H100_8B = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"))
@@ -47,12 +52,18 @@ def test_runs_are_deterministic_for_a_seed() -> None:
 
 def test_fitted_model_is_distserve_arithmetic() -> None:
     # prefill 18.10 + 0.1019*512 + 7.12e-6*512^2 ms; decode 19.93 + 6.27e-4*(4*1000) + 0.0385*4 ms
-    assert OPT13B_A100_TP1(H100_8B, [PrefillChunk(512)], []) == pytest.approx(
+    tp1 = EngineShape(model_profile("opt-13b"), gpu_profile("a100"))
+    fitted = DISTSERVE_OPT13B_A100
+    assert fitted(tp1, [PrefillChunk(512)], []) == pytest.approx(
         (18.10 + 0.1019 * 512 + 7.12e-6 * 512**2) / 1000
     )
-    assert OPT13B_A100_TP1(H100_8B, [], [1000] * 4) == pytest.approx(
+    assert fitted(tp1, [], [1000] * 4) == pytest.approx(
         (19.93 + 6.27e-4 * 4000 + 0.0385 * 4) / 1000
     )
+    # From a batch of 95 on, DistServe's second decode fit applies.
+    assert fitted(tp1, [], [100] * 95) == pytest.approx((7.17 + 5.80e-4 * 9500 + 0.158 * 95) / 1000)
+    with pytest.raises(ValueError, match="not TP 8"):
+        fitted(EngineShape(tp1.model, tp1.gpu, tp=8), [], [1])
 
 
 def test_a_slower_network_delays_the_first_token_of_disaggregated_requests() -> None:
@@ -98,3 +109,87 @@ def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
     assert ours.timeline[-1]["prefill_replicas"] + ours.timeline[-1]["decode_replicas"] < max(
         s["prefill_replicas"] + s["decode_replicas"] for s in ours.timeline
     )
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_decode_runs_give_the_same_results_as_stepping_one_by_one(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import disagg.sim.fleet as fleet
+
+    requests = generate("chat", 6.0, 120, seed=4)
+    config = FleetConfig(
+        mode,  # type: ignore[arg-type]
+        H100_8B,
+        replicas={"prefill": 1, "decode": 2},
+        network=NETWORKS["ib400"],
+    )
+    fast = simulate(config, requests)
+    monkeypatch.setattr(fleet, "RUN_LOOKAHEAD", 1)
+    slow = simulate(config, requests)
+    assert [(o.first_token, o.last_token, o.tokens) for o in fast.outcomes] == [
+        (o.first_token, o.last_token, o.tokens) for o in slow.outcomes
+    ]
+    assert all(o.tokens == o.request.output_tokens for o in fast.outcomes)
+
+
+def test_prefill_first_scheduling_pauses_every_decode_while_prompts_wait() -> None:
+    from disagg.sim.scheduler import Scheduler, SimRequest
+
+    scheduler = Scheduler(H100_8B, 4096, 16, 100_000, prefill_first=True)
+    first = SimRequest("a", 100, 10)
+    scheduler.add(first)
+    scheduler.complete(scheduler.plan())  # prompt a, first token
+    scheduler.add(SimRequest("b", 300, 10))
+    scheduler.add(SimRequest("c", 200, 10))
+    step = scheduler.plan()
+    # Whole prompts b and c together, and a (decoding) waits for them.
+    assert [(r.id, n) for r, n in step.chunks] == [("b", 300), ("c", 200)] and not step.decodes
+    scheduler.complete(step)
+    assert [r.id for r in scheduler.plan().decodes] == ["a", "b", "c"]
+
+
+def test_dynamo_planner_sizes_pools_from_rate_and_holds_between_adjustments() -> None:
+    from disagg.perf import kv_capacity_tokens
+    from disagg.sim.fleet import PoolStats
+    from disagg.sim.fleet_policies import ThroughputPlannerPolicy
+
+    def stats(rate: float, replicas: int = 1) -> PoolStats:
+        return PoolStats(replicas, replicas, None, None, 0, 0, 0.0, rate, rate * 2000, 2000, 200)
+
+    planner = ThroughputPlannerPolicy(
+        step_time,
+        {"prefill": H100_8B, "decode": H100_8B},
+        {"prefill": kv_capacity_tokens(H100_8B), "decode": kv_capacity_tokens(H100_8B)},
+        ttft_target=1.0,
+        itl_target=0.02,
+        interval=180,
+    )
+    # One 2000-token prompt takes step_time(2000) alone: prefill engines = rate * that.
+    alone = step_time(H100_8B, [PrefillChunk(2000)], [])
+    assert planner.desired("prefill", stats(20.0), now=0) == math.ceil(20 * alone)
+    low, high = planner.desired("decode", stats(5.0), 0), None
+    assert planner.desired("decode", stats(500.0), now=60) == low  # holds until 180 s pass
+    high = planner.desired("decode", stats(500.0), now=180)
+    assert high > 10 * low
+
+
+def test_simulate_cli_writes_a_summary_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from disagg.cli import main
+
+    out = tmp_path / "run"
+    argv = ["simulate", "--workload", "code", "--rate", "3", "--duration", "300", "--shape", "burst",
+            "--policy", "dynamo", "--provisioning-delay", "30", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "SLO attainment" in printed and "GPU-hours" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] > 500 and 0 <= summary["attainment"]["both"] <= 1
+    assert summary["scenario"]["policy"] == "dynamo" and summary["latencyByMinute"]
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["simulate", "--rate", "-1"]) == 1
+    assert main(["simulate", "--model", "gpt-9"]) == 1
+    err = capsys.readouterr().err
+    assert "--rate must be greater than zero" in err and "unknown model profile 'gpt-9'" in err

@@ -23,6 +23,7 @@ from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
 from disagg.sim.cli import register as register_sim
+from disagg.sim.simulate import register as register_simulate
 from disagg.yamlio import dump, dump_all, load_all
 
 
@@ -117,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_dev(sub)
     register_run(sub)
     register_sim(sub)
+    register_simulate(sub)
     register_router(sub)
     register_engine(sub)
     register_demo(sub)

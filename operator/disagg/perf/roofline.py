@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 from disagg.perf.profiles import GpuProfile, ModelProfile
@@ -39,9 +40,23 @@ class EngineShape:
     decode_overhead: float = 0.003
     memory_utilization: float = 0.9
 
-    @property
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         return self.model.kv_bytes_per_token(self.kv_bytes_per_element)
+
+    @cached_property
+    def decode_terms(self) -> tuple[float, float, float, float, float, float]:
+        """FLOPs per sequence, FLOPs per context token, bytes read per step and per context
+        token, and the compute and memory rates: a decode-only step's time in closed form."""
+        model, gpu, tp = self.model, self.gpu, self.tp
+        return (
+            2 * model.active_params,
+            4 * model.layers * model.attention_width,
+            model.weight_bytes,
+            self.kv_bytes_per_token,
+            tp * gpu.peak_flops * gpu.mfu_decode,
+            tp * gpu.hbm_bandwidth * gpu.mbu(tp),
+        )
 
 
 def _allreduce(shape: EngineShape, tokens: int) -> float:
@@ -57,8 +72,8 @@ def step_time(
     shape: EngineShape, chunks: Sequence[PrefillChunk], decode_contexts: Sequence[int]
 ) -> float:
     """Seconds of one engine step with these prefill chunks and decoding requests."""
-    if not chunks and not decode_contexts:
-        return 0.0
+    if not chunks:
+        return _decode_step_time(shape, decode_contexts) if decode_contexts else 0.0
     model, gpu, tp = shape.model, shape.gpu, shape.tp
     d, layers = model.attention_width, model.layers
     new_tokens = sum(c.new_tokens for c in chunks)
@@ -76,6 +91,15 @@ def step_time(
     memory = read / (tp * gpu.hbm_bandwidth * gpu.mbu(tp))
     overhead = shape.prefill_overhead if chunks else shape.decode_overhead
     return overhead + max(compute, memory) + _allreduce(shape, new_tokens + batch)
+
+
+def _decode_step_time(shape: EngineShape, contexts: Sequence[int]) -> float:
+    """The decode-only case of :func:`step_time`, which the fleet simulator runs most."""
+    per_sequence, per_context, weights, kv, flop_rate, byte_rate = shape.decode_terms
+    batch, context = len(contexts), sum(contexts)
+    compute = (per_sequence * batch + per_context * context) / flop_rate
+    memory = (weights + kv * context) / byte_rate
+    return shape.decode_overhead + max(compute, memory) + _allreduce(shape, batch)
 
 
 def kv_capacity_tokens(shape: EngineShape) -> int:

@@ -7,17 +7,24 @@ prefill under the token budget); disaggregated mode runs prompts in a prefill po
 KV cache over the network (its transfer time follows the model's KV bytes per token), then
 generates in a decode pool. An autoscaling policy can resize the pools every interval; new
 replicas serve after a provisioning delay, removed ones drain first.
+
+Speed: a decode-only step changes nothing anyone else sees until a request finishes, a new
+request reaches the engine, or the policy looks. So an engine runs consecutive decode-only
+steps as one event (each step still timed by the latency model, at its own context) and a
+dispatch to the engine cuts the run at the next step boundary: the results are the same as
+stepping one by one.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
 from disagg.perf.roofline import (
     EngineShape,
@@ -27,41 +34,14 @@ from disagg.perf.roofline import (
     step_time,
     transfer_time,
 )
+from disagg.sim.results import Outcome, Result, percentile
 from disagg.sim.scheduler import Scheduler, SimRequest, Step
 from disagg.sim.traffic import Request
 
+RUN_LOOKAHEAD: Final = 8
 Mode = Literal["colocated", "disaggregated"]
 PoolName = Literal["prefill", "decode"]
 StepTime = Callable[[EngineShape, Sequence[PrefillChunk], Sequence[int]], float]
-
-
-@dataclass(frozen=True)
-class FittedModel:
-    """DistServe-style fitted latency (milliseconds): prefill a + b*sum(l) + c*sum(l^2),
-    decode a + b*sum(ctx) + c*B. A colocated step pays both parts."""
-
-    prefill: tuple[float, float, float]
-    decode: tuple[float, float, float]
-
-    def __call__(
-        self, _: EngineShape, chunks: Sequence[PrefillChunk], contexts: Sequence[int]
-    ) -> float:
-        ms = 0.0
-        if chunks:
-            a, b, c = self.prefill
-            ms += (
-                a + b * sum(x.new_tokens for x in chunks) + c * sum(x.new_tokens**2 for x in chunks)
-            )
-        if contexts:
-            a, b, c = self.decode
-            ms += a + b * sum(contexts) + c * len(contexts)
-        return ms / 1000
-
-
-OPT13B_A100_TP1: FittedModel = FittedModel(
-    prefill=(18.10, 0.1019, 7.12e-6), decode=(19.93, 6.27e-4, 0.0385)
-)
-"""DistServe's fitted coefficients for OPT-13B, TP 1, A100-80GB (batch < 95)."""
 
 
 @dataclass
@@ -100,27 +80,10 @@ class Engine:
     draining: bool = False
     removed_at: float | None = None
     outstanding: int = 0
-
-
-@dataclass
-class Outcome:
-    """One request's fate."""
-
-    request: Request
-    prefill_done: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    tokens: int = 0
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.request.arrival
-
-    @property
-    def tpot(self) -> float | None:
-        if self.first_token is None or self.last_token is None or self.tokens < 2:
-            return 0.0 if self.first_token is not None else None
-        return (self.last_token - self.first_token) / (self.tokens - 1)
+    run_ends: list[float] = field(default_factory=list)
+    """End times of the steps of the decode run in flight."""
+    run_id: int = 0
+    run_step: Step | None = None
 
 
 @dataclass
@@ -137,6 +100,11 @@ class FleetConfig:
     )
     budget: dict[PoolName, int] = field(default_factory=lambda: {"prefill": 8192, "decode": 2048})
     max_num_seqs: int = 256
+    chunked_prefill: bool = True
+    """Colocated engines mix prompt chunks into decode steps; False is vLLM's older
+    prefill-first scheduling (DistServe's baseline), where waiting prompts pause all decodes."""
+    kv_capacity: int | None = None
+    """KV tokens per engine; None derives it from the GPU memory left after the weights."""
     network: NetworkProfile | None = None
     policy: ScalingPolicy | None = None
     interval: float = 15.0
@@ -145,45 +113,6 @@ class FleetConfig:
     step_time: StepTime = step_time
     ttft_slo: float = 2.0
     tpot_slo: float = 0.05
-
-
-@dataclass
-class Result:
-    """What a run produced."""
-
-    outcomes: list[Outcome]
-    duration: float
-    gpu_seconds: float
-    scaling_actions: int
-    timeline: list[dict[str, float]]
-
-    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float, float]:
-        """Fractions of requests meeting TTFT, TPOT, and both (unfinished requests miss)."""
-        n = max(1, len(self.outcomes))
-        ttft = sum(1 for o in self.outcomes if o.ttft is not None and o.ttft <= ttft_slo)
-        tpot = sum(1 for o in self.outcomes if o.tpot is not None and o.tpot <= tpot_slo)
-        both = sum(
-            1
-            for o in self.outcomes
-            if o.ttft is not None
-            and o.tpot is not None
-            and o.ttft <= ttft_slo
-            and o.tpot <= tpot_slo
-        )
-        return ttft / n, tpot / n, both / n
-
-    def goodput_per_gpu(self, ttft_slo: float, tpot_slo: float) -> float:
-        """Requests per second meeting both SLOs, per GPU (time-averaged)."""
-        good = self.attainment(ttft_slo, tpot_slo)[2] * len(self.outcomes)
-        gpus = self.gpu_seconds / self.duration if self.duration else 1.0
-        return good / self.duration / gpus if self.duration and gpus else 0.0
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 class Fleet:
@@ -198,6 +127,10 @@ class Fleet:
         self.outcomes: dict[int, Outcome] = {}
         self.actions = 0
         self.timeline: list[dict[str, float]] = []
+        self._end = self._horizon = math.inf
+        self._arrived: list[Outcome] = []
+        self._arrivals: list[float] = []
+        """Outcomes and arrival times in arrival order: the policy's window is a slice."""
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
         pools: tuple[PoolName, ...] = (
             ("decode",) if config.mode == "colocated" else ("prefill", "decode")
@@ -215,7 +148,11 @@ class Fleet:
     def _add_engine(self, pool: PoolName, ready_at: float) -> None:
         shape = self._shape(pool)
         scheduler = Scheduler(
-            shape, self.config.budget[pool], self.config.max_num_seqs, kv_capacity_tokens(shape)
+            shape,
+            self.config.budget[pool],
+            self.config.max_num_seqs,
+            self.config.kv_capacity or kv_capacity_tokens(shape),
+            prefill_first=self.config.mode == "colocated" and not self.config.chunked_prefill,
         )
         self.engines.append(Engine(pool, scheduler, ready_at))
 
@@ -238,6 +175,8 @@ class Fleet:
         engine.outstanding += 1
         self._owners[id(sim)] = (engine, outcome)
         engine.scheduler.waiting.append(sim)
+        if engine.busy and len(engine.run_ends) > 1:
+            self._cut_run(engine)
         self._kick(engine)
 
     def _kick(self, engine: Engine) -> None:
@@ -252,7 +191,48 @@ class Fleet:
             [PrefillChunk(n, r.prefilled) for r, n in step.chunks],
             [r.context for r in step.decodes],
         )
-        self.at(self.now + duration, lambda: self._finish_step(engine, step))
+        engine.run_ends = [self.now + duration]
+        if not step.chunks and not engine.scheduler.waiting:
+            self._extend_decode_run(engine, step)
+        self._schedule_run(engine, step)
+
+    def _extend_decode_run(self, engine: Engine, step: Step) -> None:
+        """Add decode-only steps until a request finishes or the policy looks."""
+        if any(r.generated == 0 for r in step.decodes):
+            return  # a first token is an event the outcome must record at its own time
+        # Capped: a dispatch cuts the run, and steps computed past the cut are wasted work.
+        steps = min(RUN_LOOKAHEAD, *(r.max_tokens - r.generated for r in step.decodes))
+        # A decode step's time depends on the batch size and the total context only, so one
+        # element can carry the batch's growth.
+        contexts = [r.context for r in step.decodes]
+        ends = engine.run_ends
+        shape = engine.scheduler.shape
+        while len(ends) < steps:
+            contexts[0] += len(contexts)
+            end = ends[-1] + self.config.step_time(shape, (), contexts)
+            if end > self._horizon:
+                return
+            ends.append(end)
+
+    def _schedule_run(self, engine: Engine, step: Step) -> None:
+        engine.run_id += 1
+        engine.run_step = step
+        run_id, steps = engine.run_id, len(engine.run_ends)
+        self.at(engine.run_ends[-1], lambda: self._finish_run(engine, step, steps, run_id))
+
+    def _cut_run(self, engine: Engine) -> None:
+        """A request arrived: end the decode run at the first step boundary from now."""
+        keep = next(i for i, end in enumerate(engine.run_ends) if end >= self.now) + 1
+        if keep < len(engine.run_ends) and engine.run_step is not None:
+            del engine.run_ends[keep:]
+            self._schedule_run(engine, engine.run_step)
+
+    def _finish_run(self, engine: Engine, step: Step, steps: int, run_id: int) -> None:
+        if run_id != engine.run_id:
+            return  # the run was cut short; a later event finishes it
+        for request in step.decodes:
+            request.generated += steps - 1
+        self._finish_step(engine, step)
 
     def _finish_step(self, engine: Engine, step: Step) -> None:
         engine.busy = False
@@ -289,6 +269,8 @@ class Fleet:
     def _arrive(self, index: int, request: Request) -> None:
         outcome = Outcome(request)
         self.outcomes[index] = outcome
+        self._arrived.append(outcome)
+        self._arrivals.append(request.arrival)
         if self.config.mode == "colocated":
             self._dispatch(
                 "decode",
@@ -300,7 +282,7 @@ class Fleet:
 
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
-        recent = [o for o in self.outcomes.values() if o.request.arrival >= since]
+        recent = self._arrived[bisect.bisect_left(self._arrivals, since) :]
         done_first = [o for o in recent if o.first_token is not None]
         if pool == "prefill" and self.config.mode == "disaggregated":
             ttfts = [
@@ -365,6 +347,9 @@ class Fleet:
         self.timeline.append(sample)
         if self._events:
             self.at(self.now + self.config.interval, self._evaluate)
+            self._horizon = min(self._end, self.now + self.config.interval)
+        else:
+            self._horizon = self._end
 
     def run(self, requests: Sequence[Request], drain: float = 600.0) -> Result:
         """Play the requests; keep going up to ``drain`` seconds after the last arrival."""
@@ -372,6 +357,7 @@ class Fleet:
             self.at(request.arrival, functools.partial(self._arrive, index, request))
         self.at(0.0, self._evaluate)
         end = (requests[-1].arrival if requests else 0.0) + drain
+        self._end = self._horizon = end
         while self._events and self._events[0][0] <= end:
             self.now, _, action = heapq.heappop(self._events)
             action()

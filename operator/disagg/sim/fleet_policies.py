@@ -3,7 +3,8 @@
 ``SloPolicy`` is the operator's own policy (:mod:`disagg.autoscale.policy`, the real code, not
 a copy) fed with the fleet's pool statistics; ``StaticPolicy`` never moves; ``ThresholdPolicy``
 is an HPA/KEDA-style utilization target with a tolerance band and a scale-down
-stabilization window.
+stabilization window; ``ThroughputPlannerPolicy`` is the throughput-based replica formula
+NVIDIA Dynamo's SLA planner publishes, fed with the same latency model as the fleet.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import math
 from dataclasses import dataclass, field
 
 from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
-from disagg.sim.fleet import PoolName, PoolStats
+from disagg.perf.capacity import decode_capacity, prefill_seconds
+from disagg.perf.roofline import EngineShape
+from disagg.sim.fleet import PoolName, PoolStats, StepTime
 
 
 @dataclass
@@ -77,3 +80,67 @@ class ThresholdPolicy:
         history[:] = [(t, r) for t, r in history if now - t <= self.down_window]
         # Scale down only to the highest recommendation of the stabilization window, as HPA does.
         return max(want, max(r for _, r in history)) if want < stats.replicas else want
+
+
+@dataclass
+class ThroughputPlannerPolicy:
+    """Dynamo's throughput planner: replicas = demand / one engine's SLO-bound capacity.
+
+    Every ``interval`` (Dynamo's default 180 s) it takes the observed request rate and mean
+    lengths as the next interval's prediction (last value), then:
+    prefill: one prompt of the mean length takes ``wt``; an engine serves ``1/wt`` req/s and
+    ``ceil(wt / TTFT target)`` engines are the SLA floor; decode: the largest batch whose step
+    fits the ITL target and the KV cache serves ``B / (osl * step)`` req/s (Little's law).
+    """
+
+    step_time: StepTime
+    shapes: dict[PoolName, EngineShape]
+    kv_capacity: dict[PoolName, int]
+    ttft_target: float
+    itl_target: float
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    interval: float = 180.0
+    colocated: bool = False
+    """One pool does both phases (Dynamo's agg mode): an engine's time per request is its
+    prompt's prefill plus its share of the decode steps."""
+    name: str = "throughput planner (Dynamo-like)"
+    _last: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
+        last = self._last.get(pool)
+        if last is not None and now - last[0] < self.interval:
+            return last[1]
+        if stats.request_rate <= 0:
+            want = stats.replicas
+        elif pool == "prefill":
+            want = self._prefill(stats)
+        else:
+            want = self._decode(stats)
+        self._last[pool] = (now, want)
+        return want
+
+    def _prefill(self, stats: PoolStats) -> int:
+        wall = self._prefill_wall(stats, "prefill")
+        floor = math.ceil(wall / self.ttft_target) if wall > self.ttft_target else 1
+        return max(math.ceil(stats.request_rate * wall), floor, 1)
+
+    def _prefill_wall(self, stats: PoolStats, pool: PoolName) -> float:
+        isl = max(1, round(stats.mean_prompt))
+        return prefill_seconds(self.step_time, self.shapes[pool], isl, self.max_num_batched_tokens)
+
+    def _decode(self, stats: PoolStats) -> int:
+        osl = max(1.0, stats.mean_output)
+        capacity = decode_capacity(
+            self.step_time,
+            self.shapes["decode"],
+            stats.mean_prompt,
+            osl,
+            self.itl_target,
+            self.kv_capacity["decode"],
+            self.max_num_seqs,
+        )
+        seconds_per_request = osl * capacity.step / capacity.batch
+        if self.colocated:
+            seconds_per_request += self._prefill_wall(stats, "decode")
+        return max(math.ceil(stats.request_rate * seconds_per_request), 1)

@@ -6,6 +6,9 @@ still prefilling adds its next prompt chunk. What is left of the token budget
 ``max_num_seqs`` and the KV-cache capacity allow. A request whose prompt KV arrived from a
 remote prefill engine skips the prefill compute. The step's duration comes from the latency
 model, so one long prompt in a step stretches the inter-token gap of every decode in it.
+
+With ``prefill_first`` it schedules like vLLM before chunked prefill (the baseline DistServe
+measured): whenever prompts wait, a step runs only whole prompts and every decode pauses.
 """
 
 from __future__ import annotations
@@ -74,8 +77,10 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         kv_capacity_tokens: int,
+        prefill_first: bool = False,
     ) -> None:
         self.shape = shape
+        self.prefill_first = prefill_first
         self.budget = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.kv_capacity = kv_capacity_tokens
@@ -116,6 +121,11 @@ class Scheduler:
 
     def plan(self) -> Step:
         """The next step: every running request, then waiting ones while room remains."""
+        if self.prefill_first:
+            prompts = self._plan_whole_prompts()
+            if prompts.chunks:
+                return prompts
+            return Step(decodes=[r for r in self.running if r.prefill_done])
         step = Step()
         budget = self.budget
         for request in self.running:
@@ -143,6 +153,23 @@ class Scheduler:
                 chunk = min(budget, request.prompt_tokens)
                 step.chunks.append((request, chunk))
                 budget -= chunk
+        return step
+
+    def _plan_whole_prompts(self) -> Step:
+        step = Step()
+        budget = self.budget
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if self.kv_used + self.kv_held + request.kv_reservation > self.kv_capacity:
+                break
+            if not request.kv_ready and step.chunks and request.prompt_tokens > budget:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            self.kv_used += request.kv_reservation
+            if not request.kv_ready:
+                step.chunks.append((request, request.prompt_tokens))
+                budget -= request.prompt_tokens
         return step
 
     def duration(self, step: Step) -> float:

@@ -1,0 +1,84 @@
+"""DistServe-style fitted latency models: measured coefficients instead of the roofline (pure).
+
+DistServe's simulator times a prefill step as ``a + b*sum(l) + c*sum(l^2)`` milliseconds over
+the prompt chunks ``l`` and a decode step as ``a + b*sum(ctx) + c*B`` over the batch's context
+lengths, with a second decode fit for batches of 95 and more. The coefficients below are the
+ones its artifact publishes for OPT-13B on A100-80GB (``profiler-a100-80g.distserve.json``);
+they make the fleet simulator comparable with the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from disagg.perf.roofline import EngineShape, PrefillChunk
+
+LARGE_BATCH: Final = 95
+
+Coefficients = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class FittedPhases:
+    """One engine shape's fitted coefficients (milliseconds)."""
+
+    prefill: Coefficients
+    decode: Coefficients
+    decode_large_batch: Coefficients | None = None
+
+    def step_ms(self, chunks: Sequence[PrefillChunk], contexts: Sequence[int]) -> float:
+        """A step that carries both parts (colocated) pays both."""
+        ms = 0.0
+        if chunks:
+            a, b, c = self.prefill
+            lengths = [x.new_tokens for x in chunks]
+            ms += a + b * sum(lengths) + c * sum(n * n for n in lengths)
+        if contexts:
+            large = len(contexts) >= LARGE_BATCH and self.decode_large_batch is not None
+            a, b, c = self.decode_large_batch if large and self.decode_large_batch else self.decode
+            ms += a + b * sum(contexts) + c * len(contexts)
+        return ms
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """A step-time function over fitted phases, chosen by the engine's TP degree."""
+
+    name: str
+    by_tp: Mapping[int, FittedPhases]
+
+    def __call__(
+        self, shape: EngineShape, chunks: Sequence[PrefillChunk], contexts: Sequence[int]
+    ) -> float:
+        phases = self.by_tp.get(shape.tp)
+        if phases is None:
+            raise ValueError(
+                f"the fitted model {self.name} has coefficients for TP "
+                f"{sorted(self.by_tp)}, not TP {shape.tp}"
+            )
+        return phases.step_ms(chunks, contexts) / 1000
+
+    @property
+    def tp_degrees(self) -> tuple[int, ...]:
+        return tuple(sorted(self.by_tp))
+
+
+DISTSERVE_OPT13B_A100: Final = FittedModel(
+    "distserve-opt-13b-a100",
+    {  # TP: prefill (a, b, c), decode batch < 95 (a, b, c), decode batch >= 95 (a, b, c)
+        1: FittedPhases(
+            (18.10, 0.1019, 7.12e-6), (19.93, 6.27e-4, 0.0385), (7.17, 5.80e-4, 0.158)
+        ),
+        2: FittedPhases(
+            (14.74, 0.0686, 2.45e-6), (13.29, 3.41e-4, 0.0630), (10.64, 3.12e-4, 0.0856)
+        ),
+        4: FittedPhases(
+            (12.06, 0.0381, 5.23e-7), (10.26, 1.88e-4, 0.0327), (10.48, 1.71e-4, 0.0457)
+        ),
+    },
+)  # fmt: skip
+"""OPT-13B on A100-80GB at TP 1, 2 and 4, from DistServe's released profile."""
+
+FITTED_MODELS: Final[dict[str, FittedModel]] = {DISTSERVE_OPT13B_A100.name: DISTSERVE_OPT13B_A100}

@@ -1,0 +1,69 @@
+"""What a fleet simulation produced: each request's fate and the run's totals (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from disagg.sim.traffic import Request
+
+
+@dataclass
+class Outcome:
+    """One request's fate."""
+
+    request: Request
+    prefill_done: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    tokens: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.request.arrival
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or self.last_token is None or self.tokens < 2:
+            return 0.0 if self.first_token is not None else None
+        return (self.last_token - self.first_token) / (self.tokens - 1)
+
+
+@dataclass
+class Result:
+    """What a run produced."""
+
+    outcomes: list[Outcome]
+    duration: float
+    gpu_seconds: float
+    scaling_actions: int
+    timeline: list[dict[str, float]]
+
+    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float, float]:
+        """Fractions of requests meeting TTFT, TPOT, and both (unfinished requests miss)."""
+        n = max(1, len(self.outcomes))
+        ttft = sum(1 for o in self.outcomes if o.ttft is not None and o.ttft <= ttft_slo)
+        tpot = sum(1 for o in self.outcomes if o.tpot is not None and o.tpot <= tpot_slo)
+        both = sum(
+            1
+            for o in self.outcomes
+            if o.ttft is not None
+            and o.tpot is not None
+            and o.ttft <= ttft_slo
+            and o.tpot <= tpot_slo
+        )
+        return ttft / n, tpot / n, both / n
+
+    def goodput_per_gpu(self, ttft_slo: float, tpot_slo: float) -> float:
+        """Requests per second meeting both SLOs, per GPU (time-averaged)."""
+        good = self.attainment(ttft_slo, tpot_slo)[2] * len(self.outcomes)
+        gpus = self.gpu_seconds / self.duration if self.duration else 1.0
+        return good / self.duration / gpus if self.duration and gpus else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -1,0 +1,150 @@
+"""``disagg simulate``: replay traffic through a simulated fleet and report what a user sees.
+
+Prints a summary table (or JSON with ``--json``); with ``--out DIR`` also writes
+``summary.json`` and ``timeline.png`` (replicas, latency p99 against the SLOs, load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from disagg.perf import GPUS, MODELS, NETWORKS
+from disagg.perf.fitted import FITTED_MODELS
+from disagg.sim.fleet import simulate
+from disagg.sim.scenario import POLICIES, SHAPES, Scenario, build, requests_for, summarize
+from disagg.sim.traffic import WORKLOADS, Request, load_trace
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``disagg simulate`` to the ``disagg`` parser."""
+    parser = sub.add_parser(
+        "simulate",
+        help="run a deployment and an autoscaling policy against traffic, in simulated time",
+    )
+    d = Scenario()
+    add = parser.add_argument
+    add("--model", default=d.model, help="model profile: " + ", ".join(MODELS))
+    add("--gpu", default=d.gpu, help="GPU profile: " + ", ".join(GPUS))
+    add("--network", default=d.network, choices=sorted(NETWORKS))
+    add("--mode", default=d.mode, choices=("disaggregated", "colocated"))
+    add("--prefill-tp", type=int, default=d.prefill_tp)
+    add("--decode-tp", type=int, default=d.decode_tp, help="TP of decode (or colocated) engines")
+    add("--prefill-replicas", type=int, default=d.prefill_replicas)
+    add("--decode-replicas", type=int, default=d.decode_replicas)
+    add("--max-replicas", type=int, default=d.max_replicas, help="upper bound of each pool")
+    add("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    add("--max-num-seqs", type=int, default=d.max_num_seqs)
+    add("--workload", default=d.workload, choices=sorted(WORKLOADS))
+    add("--rate", type=float, default=d.rate, help="base requests per second")
+    add("--duration", type=float, default=d.duration, help="simulated seconds of traffic")
+    add("--shape", default=d.shape, choices=SHAPES, help="how the rate moves over the run")
+    add("--trace", type=Path, help="replay a CSV/JSONL trace instead of synthetic traffic")
+    add("--policy", default=d.policy, choices=POLICIES)
+    add("--provisioning-delay", type=float, default=d.provisioning_delay, help="seconds")
+    add("--interval", type=float, default=d.interval, help="seconds between policy decisions")
+    add("--ttft", type=float, default=d.ttft, help="TTFT SLO, seconds")
+    add("--tpot", type=float, default=d.tpot, help="TPOT SLO, seconds")
+    add("--seed", type=int, default=d.seed)
+    add("--latency", default=d.latency, choices=("roofline", *sorted(FITTED_MODELS)))
+    add("--out", type=Path, help="directory for summary.json and timeline.png")
+    add("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(func=cmd_simulate)
+
+
+def scenario_from(args: argparse.Namespace) -> Scenario:
+    names = {f.name for f in dataclasses.fields(Scenario)}
+    return Scenario(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def check(scenario: Scenario) -> list[str]:
+    """Every problem with the numbers of a scenario, one line each."""
+    problems = []
+    for name in ("prefill_tp", "decode_tp", "max_replicas", "max_num_batched_tokens"):
+        if getattr(scenario, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be at least 1")
+    if scenario.max_num_seqs < 1:
+        problems.append("--max-num-seqs must be at least 1")
+    for name in ("prefill_replicas", "decode_replicas", "provisioning_delay"):
+        if getattr(scenario, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("rate", "duration", "interval", "ttft", "tpot"):
+        if not getattr(scenario, name) > 0:
+            problems.append(f"--{name} must be greater than zero")
+    return problems
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    scenario = scenario_from(args)
+    problems = check(scenario)
+    if problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 1
+    try:
+        config = build(scenario)
+        requests = _requests(args, scenario)
+    except (KeyError, ValueError, OSError) as error:
+        message = error.args[0] if isinstance(error, KeyError) else str(error)
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    started = time.process_time()
+    result = simulate(config, requests)
+    cpu = time.process_time() - started
+    summary = summarize(scenario, result)
+    values = {**summary.values, "cpuSeconds": round(cpu, 2)}
+    if args.out is not None:
+        from disagg.sim.plots import write_timeline
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(
+            json.dumps({**values, "latencyByMinute": summary.latency}, indent=2) + "\n"
+        )
+        write_timeline(scenario, result, summary, args.out / "timeline.png")
+    if args.json:
+        print(json.dumps(values, indent=2))
+    else:
+        print(table(values), end="")
+        if args.out is not None:
+            print(f"wrote {args.out / 'summary.json'} and {args.out / 'timeline.png'}")
+    return 0
+
+
+def _requests(args: argparse.Namespace, scenario: Scenario) -> list[Request]:
+    if args.trace is None:
+        return requests_for(scenario)
+    if not args.trace.exists():
+        raise ValueError(f"{args.trace}: no such file")
+    return load_trace(args.trace)
+
+
+def table(values: dict[str, Any]) -> str:
+    s, a = values["scenario"], values["attainment"]
+    pools = (
+        f"decode TP{s['decode_tp']}"
+        if s["mode"] == "colocated"
+        else f"prefill TP{s['prefill_tp']} + decode TP{s['decode_tp']}"
+    )
+
+    def ms(group: dict[str, float | None]) -> str:
+        return " / ".join("-" if v is None else f"{v * 1000:.0f}" for v in group.values())
+
+    rows = [
+        ("deployment", f"{s['mode']}, {pools}, {s['model']} on {s['gpu']}, {s['network']}"),
+        ("traffic", f"{s['workload']} {s['shape']} at {s['rate']:g} req/s for {s['duration']:g}s"),
+        ("policy", f"{s['policy']} (provisioning delay {s['provisioning_delay']:g}s)"),
+        ("requests", f"{values['requests']} ({values['finished']} finished)"),
+        ("SLO attainment", f"{a['both']:.1%} (TTFT {a['ttft']:.1%}, TPOT {a['tpot']:.1%})"),
+        ("goodput", f"{values['goodput']:.2f} req/s, {values['goodputPerGpu']:.3f} per GPU"),
+        ("TTFT p50/p90/p99", ms(values["ttft"]) + " ms"),
+        ("TPOT p50/p90/p99", ms(values["tpot"]) + " ms"),
+        ("GPU-hours", f"{values['gpuHours']:.2f} (mean {values['meanGpus']:.1f} GPUs)"),
+        ("scaling actions", str(values["scalingActions"])),
+        ("peak replicas", ", ".join(f"{k} {v}" for k, v in values["peakReplicas"].items())),
+        ("simulated in", f"{values['cpuSeconds']:.1f} CPU seconds"),
+    ]
+    return "".join(f"{k:18} {v}\n" for k, v in rows)
