@@ -19,6 +19,7 @@ from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
 from disagg.engine.launcher import register as register_engine
+from disagg.plan.cli import register as register_plan
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_dev(sub)
     register_run(sub)
     register_sim(sub)
+    register_plan(sub)
     register_simulate(sub)
     register_router(sub)
     register_engine(sub)

@@ -1,0 +1,1 @@
+"""Capacity planning: should a workload be disaggregated, and with how many replicas."""
