@@ -243,8 +243,8 @@ def _yaml_comment(result: Plan) -> str:
     for reason in result.reasons:
         lines += ["# " + line for line in textwrap.wrap(reason, 96)]
     if result.verdict == "colocated":
-        lines.append(
-            "# Colocated: the router sends every prompt straight to the decode pool (its "
-            "prefill threshold is above any prompt) and the prefill pool stays at zero."
-        )
+        lines += [
+            "# Colocated: the router sends every prompt straight to the decode pool (its",
+            "# prefill threshold is above any prompt) and the prefill pool stays at zero.",
+        ]
     return "\n".join(lines) + "\n"

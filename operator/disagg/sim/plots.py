@@ -15,6 +15,7 @@ def write_timeline(scenario: Scenario, result: Result, summary: Summary, path: P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_r, ax_t, ax_p, ax_l) = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
     t = [s["t"] for s in result.timeline]
@@ -24,6 +25,7 @@ def write_timeline(scenario: Scenario, result: Result, summary: Summary, path: P
             replicas = [s.get(f"{pool}_replicas", math.nan) for s in result.timeline]
             ax_r.step(t, replicas, where="post", color=color, label=f"{pool} replicas")
     ax_r.set_ylabel("replicas")
+    ax_r.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax_r.legend(loc="upper left")
     ax_r.set_title(
         f"{scenario.mode}, policy {scenario.policy}: {result.gpu_seconds / 3600:.2f} GPU-hours, "
