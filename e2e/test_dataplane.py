@@ -461,7 +461,9 @@ def test_sglang_decode_waits_for_a_room_the_prefill_engine_has_not_seen_yet() ->
             await asyncio.to_thread(
                 wait_for,
                 "the decode engine to receive the paired request",
-                lambda: [r for r in decode.get("/admin/requests") if r["path"].endswith("completions")],
+                lambda: [
+                    r for r in decode.get("/admin/requests") if r["path"].endswith("completions")
+                ],
                 10,
             )
             async with session.post(prefill.url + "/v1/completions", json=paired) as answer:
