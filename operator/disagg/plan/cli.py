@@ -176,11 +176,16 @@ def option_json(option: Option) -> dict[str, Any]:
         "maxNumBatchedTokens": option.max_num_batched_tokens,
         "gpus": option.gpus,
         "goodputPerGpu": round(option.goodput_per_gpu, 4),
-        "ttftP99": None if prediction is None else round(prediction.ttft_p99, 4),
-        "tpotP99": None if prediction is None else round(prediction.tpot_p99, 5),
+        "ttftP99": None if prediction is None else _finite(prediction.ttft_p99, 4),
+        "tpotP99": None if prediction is None else _finite(prediction.tpot_p99, 5),
         "attainment": None if prediction is None else round(prediction.attainment, 4),
         "withinBudget": option.within_budget,
     }
+
+
+def _finite(value: float, digits: int) -> float | None:
+    """JSON has no infinity: a p99 of requests that never finished is null."""
+    return round(value, digits) if math.isfinite(value) else None
 
 
 def to_json(result: Plan, request: PlanRequest) -> dict[str, Any]:
