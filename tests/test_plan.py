@@ -31,7 +31,7 @@ def test_distserve_opt13b_disaggregation_gives_more_goodput_per_gpu_than_vllm_co
         def run(rate: float):  # type: ignore[no-untyped-def]
             return simulate(config, traffic.sample(rate, 600), drain=60)
 
-        return max_rate(run, slo, "both", steps=6, guess=2.0) / gpus
+        return max_rate(run, slo, steps=6, guess=2.0) / gpus
 
     colocated = FleetConfig(
         "colocated",

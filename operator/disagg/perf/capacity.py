@@ -9,12 +9,9 @@ searches from them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from disagg.perf.roofline import EngineShape, PrefillChunk
-
-StepTime = Callable[[EngineShape, Sequence[PrefillChunk], Sequence[int]], float]
+from disagg.perf.roofline import EngineShape, PrefillChunk, StepTime
 
 
 def prefill_seconds(step_time: StepTime, shape: EngineShape, isl: int, budget: int) -> float:
@@ -34,6 +31,10 @@ class DecodeCapacity:
     batch: int
     step: float
     requests_per_second: float
+
+    def seconds_per_request(self, osl: float) -> float:
+        """Engine time one request of ``osl`` output tokens takes: its share of the steps."""
+        return osl * self.step / self.batch
 
 
 def decode_capacity(

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from disagg.perf.roofline import EngineShape, PrefillChunk
+from disagg.perf.roofline import EngineShape, PrefillChunk, StepTime, step_time
 
 LARGE_BATCH: Final = 95
 
@@ -36,8 +36,8 @@ class FittedPhases:
             lengths = [x.new_tokens for x in chunks]
             ms += a + b * sum(lengths) + c * sum(n * n for n in lengths)
         if contexts:
-            large = len(contexts) >= LARGE_BATCH and self.decode_large_batch is not None
-            a, b, c = self.decode_large_batch if large and self.decode_large_batch else self.decode
+            large = self.decode_large_batch if len(contexts) >= LARGE_BATCH else None
+            a, b, c = large or self.decode
             ms += a + b * sum(contexts) + c * len(contexts)
         return ms
 
@@ -60,10 +60,6 @@ class FittedModel:
             )
         return phases.step_ms(chunks, contexts) / 1000
 
-    @property
-    def tp_degrees(self) -> tuple[int, ...]:
-        return tuple(sorted(self.by_tp))
-
 
 DISTSERVE_OPT13B_A100: Final = FittedModel(
     "distserve-opt-13b-a100",
@@ -82,3 +78,13 @@ DISTSERVE_OPT13B_A100: Final = FittedModel(
 """OPT-13B on A100-80GB at TP 1, 2 and 4, from DistServe's released profile."""
 
 FITTED_MODELS: Final[dict[str, FittedModel]] = {DISTSERVE_OPT13B_A100.name: DISTSERVE_OPT13B_A100}
+LATENCY_MODELS: Final = ("roofline", *sorted(FITTED_MODELS))
+
+
+def latency_model(name: str) -> StepTime:
+    """The roofline or a fitted model by name; KeyError names the known ones."""
+    if name == "roofline":
+        return step_time
+    if name not in FITTED_MODELS:
+        raise KeyError(f"unknown latency model {name!r}; known: {', '.join(LATENCY_MODELS)}")
+    return FITTED_MODELS[name]

@@ -10,7 +10,7 @@ for it: that is the inter-token latency spike disaggregation removes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Final
@@ -57,6 +57,10 @@ class EngineShape:
             tp * gpu.peak_flops * gpu.mfu_decode,
             tp * gpu.hbm_bandwidth * gpu.mbu(tp),
         )
+
+
+StepTime = Callable[[EngineShape, Sequence[PrefillChunk], Sequence[int]], float]
+"""A latency model: seconds of one engine step (:func:`step_time`, or fitted coefficients)."""
 
 
 def _allreduce(shape: EngineShape, tokens: int) -> float:

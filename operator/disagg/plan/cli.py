@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from disagg.perf import GPUS, MODELS, NETWORKS, gpu_profile, kv_capacity_tokens, model_profile
-from disagg.perf.fitted import FITTED_MODELS
-from disagg.perf.roofline import EngineShape, step_time
+from disagg.perf.fitted import LATENCY_MODELS, latency_model
+from disagg.perf.roofline import EngineShape
 from disagg.plan.manifest import to_manifest
 from disagg.plan.planner import Option, Plan, PlanRequest, plan
 from disagg.plan.search import Slo
 from disagg.plan.traffic import PlanInputError, Traffic, from_trace, synthetic
-from disagg.sim.fleet import StepTime
 from disagg.sim.traffic import load_trace
 from disagg.yamlio import dump
 
@@ -52,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--latency",
         default="roofline",
-        choices=("roofline", *sorted(FITTED_MODELS)),
+        choices=LATENCY_MODELS,
         help="latency model: the roofline, or fitted coefficients",
     )
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
@@ -114,11 +113,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     if args.max_gpus is not None and args.max_gpus < 1:
         raise PlanInputError(f"--max-gpus must be at least 1, got {args.max_gpus}")
     model, gpu = model_profile(args.model), gpu_profile(args.gpu)
-    latency: StepTime = step_time
-    if args.latency != "roofline":
-        latency = FITTED_MODELS[args.latency]
-        if model.name != "opt-13b" or gpu.name != "a100":
-            raise PlanInputError(f"--latency {args.latency} is fitted for opt-13b on a100 only")
+    latency = latency_model(args.latency)
+    if args.latency != "roofline" and (model.name != "opt-13b" or gpu.name != "a100"):
+        raise PlanInputError(f"--latency {args.latency} is fitted for opt-13b on a100 only")
     return PlanRequest(
         model,
         gpu,

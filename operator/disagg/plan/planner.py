@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from disagg.perf.profiles import GpuProfile, ModelProfile
-from disagg.perf.roofline import EngineShape, NetworkProfile, PrefillChunk, step_time
+from disagg.perf.roofline import (
+    EngineShape,
+    NetworkProfile,
+    PrefillChunk,
+    StepTime,
+    step_time,
+    transfer_time,
+)
 from disagg.plan.search import (
     Prediction,
     Setting,
@@ -26,7 +33,7 @@ from disagg.plan.search import (
     prefill_goodput,
 )
 from disagg.plan.traffic import PlanInputError, Traffic
-from disagg.sim.fleet import FleetConfig, Mode, StepTime
+from disagg.sim.fleet import FleetConfig, Mode
 
 TP_DEGREES: Final = (1, 2, 4, 8)
 BUDGETS: Final = (512, 2048, 8192)
@@ -297,9 +304,7 @@ def explain(
             f"a mean prompt ({prompt} tokens) takes only {prefill_s * 1000:.0f} ms to prefill, "
             f"{stall:.0%} of the TPOT SLO: prompts barely disturb decoding in a colocated engine"
         )
-    transfer = request.network.latency + prompt * shape.kv_bytes_per_token / (
-        request.network.bandwidth
-    )
+    transfer = transfer_time(shape, prompt, request.network)
     reasons.append(
         f"moving a mean prompt's KV cache ({prompt * shape.kv_bytes_per_token / 1e6:.0f} MB) "
         f"over {request.network.name} takes {transfer * 1000:.0f} ms, "

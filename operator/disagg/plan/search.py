@@ -14,15 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Final, Literal
+from typing import Final
 
 from disagg.perf.capacity import DecodeCapacity, decode_capacity, prefill_seconds
-from disagg.perf.roofline import EngineShape, NetworkProfile, kv_capacity_tokens
+from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, kv_capacity_tokens
 from disagg.plan.traffic import Traffic
-from disagg.sim.fleet import FleetConfig, StepTime, simulate
-from disagg.sim.results import Result, percentile
-
-Objective = Literal["both", "ttft", "tpot"]
+from disagg.sim.fleet import FleetConfig, simulate
+from disagg.sim.results import Result, latencies, percentile
 
 SEARCH_REQUESTS: Final = 300
 MAX_SEARCH_REQUESTS: Final = 2000
@@ -43,18 +41,11 @@ class Slo:
     tpot: float
     attainment: float = 0.9
 
-    def met(self, result: Result, objective: Objective) -> bool:
+    def met(self, result: Result) -> bool:
         """Judged on the later half of the arrivals: an overload builds a queue over time,
         so the first requests of a sample would flatter it."""
-        late = result.outcomes[len(result.outcomes) // 2 :]
-        ttft = [o.ttft is not None and o.ttft <= self.ttft for o in late]
-        tpot = [o.tpot is not None and o.tpot <= self.tpot for o in late]
-        chosen = {
-            "both": [a and b for a, b in zip(ttft, tpot, strict=True)],
-            "ttft": ttft,
-            "tpot": tpot,
-        }[objective]
-        return sum(chosen) >= self.attainment * max(1, len(chosen))
+        start = len(result.outcomes) // 2
+        return result.attainment(self.ttft, self.tpot, start)[2] >= self.attainment
 
 
 @dataclass(frozen=True)
@@ -70,24 +61,22 @@ class Setting:
     steps: int = SEARCH_STEPS
 
 
-def max_rate(
-    run: Callable[[float], Result], slo: Slo, objective: Objective, steps: int, guess: float
-) -> float:
+def max_rate(run: Callable[[float], Result], slo: Slo, steps: int, guess: float) -> float:
     """The highest rate (req/s) meeting the SLO: bracket it from ``guess``, then bisect."""
     low = high = max(guess, MIN_RATE)
-    if slo.met(run(high), objective):
-        while slo.met(run(high := high * 2), objective):
+    if slo.met(run(high)):
+        while slo.met(run(high := high * 2)):
             low = high
             if high > MAX_RATE:
                 return low
     else:
-        while not slo.met(run(low := low / 2), objective):
+        while not slo.met(run(low := low / 2)):
             high = low
             if low < MIN_RATE:
                 return 0.0
     for _ in range(steps):
         middle = (low + high) / 2
-        if slo.met(run(middle), objective):
+        if slo.met(run(middle)):
             low = middle
         else:
             high = middle
@@ -106,43 +95,41 @@ def colocated_goodput(setting: Setting, shape: EngineShape, budget: int) -> floa
     )
     decode = _decode_capacity(setting, shape)
     isl = round(setting.traffic.mean_prompt)
-    per_request = prefill_seconds(setting.step_time, shape, isl, budget) + (
-        setting.traffic.mean_output * decode.step / decode.batch
+    per_request = prefill_seconds(
+        setting.step_time, shape, isl, budget
+    ) + decode.seconds_per_request(setting.traffic.mean_output)
+    return max_rate(_runner(setting, config), setting.slo, setting.steps, 1 / per_request)
+
+
+def _split(
+    setting: Setting, prefill: EngineShape, decode: EngineShape, replicas: tuple[int, int]
+) -> FleetConfig:
+    """A disaggregated fleet of ``replicas`` (prefill, decode) engines."""
+    return FleetConfig(
+        "disaggregated",
+        decode,
+        prefill_shape=prefill,
+        replicas={"prefill": replicas[0], "decode": replicas[1]},
+        budget={"prefill": max(8192, setting.traffic.longest[0]), "decode": 2048},
+        max_num_seqs=setting.max_num_seqs,
+        network=setting.network,
+        step_time=setting.step_time,
     )
-    return max_rate(_runner(setting, config), setting.slo, "both", setting.steps, 1 / per_request)
 
 
 def prefill_goodput(setting: Setting, shape: EngineShape, decode: EngineShape) -> float:
     """Requests/s one prefill engine serves in SLO (decode never the bottleneck)."""
-    config = FleetConfig(
-        "disaggregated",
-        decode,
-        prefill_shape=shape,
-        replicas={"prefill": 1, "decode": 4},
-        budget={"prefill": max(8192, _longest_prompt(setting)), "decode": 2048},
-        max_num_seqs=setting.max_num_seqs,
-        network=setting.network,
-        step_time=setting.step_time,
-    )
+    config = _split(setting, shape, decode, (1, 4))
     isl = round(setting.traffic.mean_prompt)
     guess = 1 / prefill_seconds(setting.step_time, shape, isl, config.budget["prefill"])
-    return max_rate(_runner(setting, config, outputs=2), setting.slo, "both", setting.steps, guess)
+    return max_rate(_runner(setting, config, outputs=2), setting.slo, setting.steps, guess)
 
 
 def decode_goodput(setting: Setting, shape: EngineShape, prefill: EngineShape) -> float:
     """Requests/s one decode engine serves in SLO (prefill never the bottleneck)."""
-    config = FleetConfig(
-        "disaggregated",
-        shape,
-        prefill_shape=prefill,
-        replicas={"prefill": 16, "decode": 1},
-        budget={"prefill": max(8192, _longest_prompt(setting)), "decode": 2048},
-        max_num_seqs=setting.max_num_seqs,
-        network=setting.network,
-        step_time=setting.step_time,
-    )
+    config = _split(setting, prefill, shape, (16, 1))
     guess = _decode_capacity(setting, shape).requests_per_second
-    return max_rate(_runner(setting, config), setting.slo, "both", setting.steps, guess)
+    return max_rate(_runner(setting, config), setting.slo, setting.steps, guess)
 
 
 @dataclass(frozen=True)
@@ -159,19 +146,17 @@ def predict(setting: Setting, config: FleetConfig, requests: int) -> Prediction:
     """Simulate ``config`` at the traffic's rate; percentiles over every request."""
     sample = setting.traffic.sample(setting.traffic.rate, requests, seed=2)
     result = simulate(config, sample, drain=DRAIN)
-    ttfts = [o.ttft if o.ttft is not None else math.inf for o in result.outcomes]
-    tpots = [o.tpot if o.tpot is not None else math.inf for o in result.outcomes]
     return Prediction(
         attainment=result.attainment(setting.slo.ttft, setting.slo.tpot)[2],
-        ttft_p99=percentile(ttfts, 0.99) or 0.0,
-        tpot_p99=percentile(tpots, 0.99) or 0.0,
+        ttft_p99=percentile(latencies(result.outcomes, "ttft"), 0.99) or 0.0,
+        tpot_p99=percentile(latencies(result.outcomes, "tpot"), 0.99) or 0.0,
         goodput_per_gpu=result.goodput_per_gpu(setting.slo.ttft, setting.slo.tpot),
     )
 
 
 def fits(shape: EngineShape, setting: Setting) -> bool:
     """The weights fit and the KV cache holds at least the longest request."""
-    return kv_capacity_tokens(shape) >= _longest_request(setting)
+    return kv_capacity_tokens(shape) >= setting.traffic.longest[1]
 
 
 def _decode_capacity(setting: Setting, shape: EngineShape) -> DecodeCapacity:
@@ -202,13 +187,3 @@ def _runner(setting: Setting, config: FleetConfig, outputs: int = 0) -> Callable
         return simulate(config, sample, drain=DRAIN)
 
     return run
-
-
-def _longest_prompt(setting: Setting) -> int:
-    sample = setting.traffic.sample(setting.traffic.rate, setting.requests)
-    return max((r.prompt_tokens for r in sample), default=1)
-
-
-def _longest_request(setting: Setting) -> int:
-    sample = setting.traffic.sample(setting.traffic.rate, setting.requests)
-    return max((r.prompt_tokens + r.output_tokens for r in sample), default=1)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 from disagg.sim.traffic import Request, Workload, generate
 
 LENGTH_SPREAD: Final = 0.5
 """Lognormal sigma of prompt and output lengths around the given means."""
+LENGTH_SAMPLE: Final = 300
 
 
 class PlanInputError(ValueError):
@@ -29,6 +31,15 @@ class Traffic:
     mean_output: float
     workload: Workload | None = None
     trace: tuple[Request, ...] = ()
+
+    @cached_property
+    def longest(self) -> tuple[int, int]:
+        """The longest prompt, and prompt plus output, of a sample: what engines must hold."""
+        sample = self.sample(self.rate, LENGTH_SAMPLE)
+        return (
+            max((r.prompt_tokens for r in sample), default=1),
+            max((r.prompt_tokens + r.output_tokens for r in sample), default=1),
+        )
 
     def sample(self, rate: float, count: int, seed: int = 1) -> list[Request]:
         """About ``count`` requests arriving at ``rate`` per second."""

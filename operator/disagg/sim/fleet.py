@@ -30,6 +30,7 @@ from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
     PrefillChunk,
+    StepTime,
     kv_capacity_tokens,
     step_time,
     transfer_time,
@@ -41,7 +42,6 @@ from disagg.sim.traffic import Request
 RUN_LOOKAHEAD: Final = 8
 Mode = Literal["colocated", "disaggregated"]
 PoolName = Literal["prefill", "decode"]
-StepTime = Callable[[EngineShape, Sequence[PrefillChunk], Sequence[int]], float]
 
 
 @dataclass
@@ -103,8 +103,6 @@ class FleetConfig:
     chunked_prefill: bool = True
     """Colocated engines mix prompt chunks into decode steps; False is vLLM's older
     prefill-first scheduling (DistServe's baseline), where waiting prompts pause all decodes."""
-    kv_capacity: int | None = None
-    """KV tokens per engine; None derives it from the GPU memory left after the weights."""
     network: NetworkProfile | None = None
     policy: ScalingPolicy | None = None
     interval: float = 15.0
@@ -151,7 +149,7 @@ class Fleet:
             shape,
             self.config.budget[pool],
             self.config.max_num_seqs,
-            self.config.kv_capacity or kv_capacity_tokens(shape),
+            kv_capacity_tokens(shape),
             prefill_first=self.config.mode == "colocated" and not self.config.chunked_prefill,
         )
         self.engines.append(Engine(pool, scheduler, ready_at))
@@ -218,7 +216,7 @@ class Fleet:
         engine.run_id += 1
         engine.run_step = step
         run_id, steps = engine.run_id, len(engine.run_ends)
-        self.at(engine.run_ends[-1], lambda: self._finish_run(engine, step, steps, run_id))
+        self.at(engine.run_ends[-1], lambda: self._finish_run(engine, steps, run_id))
 
     def _cut_run(self, engine: Engine) -> None:
         """A request arrived: end the decode run at the first step boundary from now."""
@@ -227,8 +225,9 @@ class Fleet:
             del engine.run_ends[keep:]
             self._schedule_run(engine, engine.run_step)
 
-    def _finish_run(self, engine: Engine, step: Step, steps: int, run_id: int) -> None:
-        if run_id != engine.run_id:
+    def _finish_run(self, engine: Engine, steps: int, run_id: int) -> None:
+        step = engine.run_step
+        if run_id != engine.run_id or step is None:
             return  # the run was cut short; a later event finishes it
         for request in step.decodes:
             request.generated += steps - 1

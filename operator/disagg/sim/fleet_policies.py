@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
 from disagg.perf.capacity import decode_capacity, prefill_seconds
-from disagg.perf.roofline import EngineShape
-from disagg.sim.fleet import PoolName, PoolStats, StepTime
+from disagg.perf.roofline import EngineShape, StepTime
+from disagg.sim.fleet import PoolName, PoolStats
 
 
 @dataclass
@@ -140,7 +140,7 @@ class ThroughputPlannerPolicy:
             self.kv_capacity["decode"],
             self.max_num_seqs,
         )
-        seconds_per_request = osl * capacity.step / capacity.batch
+        seconds_per_request = capacity.seconds_per_request(osl)
         if self.colocated:
             seconds_per_request += self._prefill_wall(stats, "decode")
         return max(math.ceil(stats.request_rate * seconds_per_request), 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from disagg.sim.traffic import Request
 
@@ -40,14 +41,18 @@ class Result:
     scaling_actions: int
     timeline: list[dict[str, float]]
 
-    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float, float]:
-        """Fractions of requests meeting TTFT, TPOT, and both (unfinished requests miss)."""
-        n = max(1, len(self.outcomes))
-        ttft = sum(1 for o in self.outcomes if o.ttft is not None and o.ttft <= ttft_slo)
-        tpot = sum(1 for o in self.outcomes if o.tpot is not None and o.tpot <= tpot_slo)
+    def attainment(
+        self, ttft_slo: float, tpot_slo: float, start: int = 0
+    ) -> tuple[float, float, float]:
+        """Fractions of requests (from the ``start``-th arrival on) meeting TTFT, TPOT, and
+        both; unfinished requests miss."""
+        outcomes = self.outcomes[start:]
+        n = max(1, len(outcomes))
+        ttft = sum(1 for o in outcomes if o.ttft is not None and o.ttft <= ttft_slo)
+        tpot = sum(1 for o in outcomes if o.tpot is not None and o.tpot <= tpot_slo)
         both = sum(
             1
-            for o in self.outcomes
+            for o in outcomes
             if o.ttft is not None
             and o.tpot is not None
             and o.ttft <= ttft_slo
@@ -60,6 +65,12 @@ class Result:
         good = self.attainment(ttft_slo, tpot_slo)[2] * len(self.outcomes)
         gpus = self.gpu_seconds / self.duration if self.duration else 1.0
         return good / self.duration / gpus if self.duration and gpus else 0.0
+
+
+def latencies(outcomes: Sequence[Outcome], kind: Literal["ttft", "tpot"]) -> list[float]:
+    """Every request's TTFT or TPOT; an unfinished request's is infinite (it missed)."""
+    values = (o.ttft if kind == "ttft" else o.tpot for o in outcomes)
+    return [math.inf if v is None else v for v in values]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -14,17 +14,17 @@ from typing import Any, Final
 
 from disagg.autoscale.policy import Behavior, PoolPolicy
 from disagg.perf.capacity import decode_capacity, prefill_seconds
-from disagg.perf.fitted import FITTED_MODELS
+from disagg.perf.fitted import latency_model
 from disagg.perf.profiles import gpu_profile, model_profile
-from disagg.perf.roofline import NETWORKS, EngineShape, kv_capacity_tokens, step_time
-from disagg.sim.fleet import FleetConfig, Mode, ScalingPolicy, StepTime
+from disagg.perf.roofline import NETWORKS, EngineShape, StepTime, kv_capacity_tokens
+from disagg.sim.fleet import FleetConfig, Mode, ScalingPolicy
 from disagg.sim.fleet_policies import (
     SloPolicy,
     StaticPolicy,
     ThresholdPolicy,
     ThroughputPlannerPolicy,
 )
-from disagg.sim.results import Outcome, Result, percentile
+from disagg.sim.results import Outcome, Result, latencies, percentile
 from disagg.sim.traffic import (
     WORKLOADS,
     RateShape,
@@ -74,12 +74,7 @@ class Scenario:
         return EngineShape(model, gpu, self.prefill_tp), EngineShape(model, gpu, self.decode_tp)
 
     def step_time(self) -> StepTime:
-        if self.latency == "roofline":
-            return step_time
-        if self.latency not in FITTED_MODELS:
-            known = ", ".join(["roofline", *sorted(FITTED_MODELS)])
-            raise KeyError(f"unknown latency model {self.latency!r}; known: {known}")
-        return FITTED_MODELS[self.latency]
+        return latency_model(self.latency)
 
 
 def rate_shape(scenario: Scenario) -> RateShape:
@@ -187,8 +182,7 @@ def summarize(scenario: Scenario, result: Result, bucket: float = 60.0) -> Summa
     """Goodput per GPU, attainment, percentiles, GPU-hours, actions, latency over time."""
     ttft_att, tpot_att, both = result.attainment(scenario.ttft, scenario.tpot)
     outcomes = result.outcomes
-    ttfts = [_or_inf(o.ttft) for o in outcomes]
-    tpots = [_or_inf(o.tpot) for o in outcomes]
+    ttfts, tpots = latencies(outcomes, "ttft"), latencies(outcomes, "tpot")
     gpus = result.gpu_seconds / result.duration if result.duration else 0.0
     values = {
         "scenario": scenario.__dict__,
@@ -215,17 +209,12 @@ def summarize(scenario: Scenario, result: Result, bucket: float = 60.0) -> Summa
         {
             "t": index * bucket,
             "rate": len(group) / bucket,
-            "ttft_p99": _finite(percentile([_or_inf(o.ttft) for o in group], 0.99)),
-            "tpot_p99": _finite(percentile([_or_inf(o.tpot) for o in group], 0.99)),
+            "ttft_p99": _finite(percentile(latencies(group, "ttft"), 0.99)),
+            "tpot_p99": _finite(percentile(latencies(group, "tpot"), 0.99)),
         }
         for index, group in sorted(groups.items())
     ]
     return Summary(values, latency)
-
-
-def _or_inf(value: float | None) -> float:
-    """An unfinished request's latency: it missed every target."""
-    return math.inf if value is None else value
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -250,7 +239,7 @@ def sized_for(scenario: Scenario, rate: float, utilization: float = 0.8) -> tupl
     prefill_s = prefill_seconds(
         latency, prefill, round(isl), max(8192, scenario.max_num_batched_tokens)
     )
-    decode_s = osl * capacity.step / capacity.batch
+    decode_s = capacity.seconds_per_request(osl)
     if scenario.mode == "colocated":
         return 0, max(1, math.ceil(rate * (prefill_s + decode_s) / utilization))
     return (

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from disagg.perf import GPUS, MODELS, NETWORKS
-from disagg.perf.fitted import FITTED_MODELS
+from disagg.perf.fitted import LATENCY_MODELS
 from disagg.sim.fleet import simulate
 from disagg.sim.scenario import POLICIES, SHAPES, Scenario, build, requests_for, summarize
 from disagg.sim.traffic import WORKLOADS, Request, load_trace
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--ttft", type=float, default=d.ttft, help="TTFT SLO, seconds")
     add("--tpot", type=float, default=d.tpot, help="TPOT SLO, seconds")
     add("--seed", type=int, default=d.seed)
-    add("--latency", default=d.latency, choices=("roofline", *sorted(FITTED_MODELS)))
+    add("--latency", default=d.latency, choices=LATENCY_MODELS)
     add("--out", type=Path, help="directory for summary.json and timeline.png")
     add("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(func=cmd_simulate)
