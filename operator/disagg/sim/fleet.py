@@ -169,7 +169,8 @@ class Fleet:
         if not engines:  # nothing serves yet (all provisioning): retry shortly, as a router would
             self.at(self.now + 1.0, lambda: self._dispatch(pool, sim, outcome))
             return
-        engine = min(engines, key=lambda e: (e.outstanding, id(e)))
+        # Ties go to the oldest engine (min keeps list order); never to a memory address.
+        engine = min(engines, key=lambda e: e.outstanding)
         engine.outstanding += 1
         self._owners[id(sim)] = (engine, outcome)
         engine.scheduler.waiting.append(sim)
