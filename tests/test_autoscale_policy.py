@@ -165,7 +165,7 @@ CASES = [
         None,
         "up",
         3,
-        "load ahead",
+        "load needs 3: 219 sequences",
     ),
     (
         "up-cooldown",
@@ -231,7 +231,7 @@ CASES = [
         "stable-1",
         None,
         "down",
-        4,
+        1,
         "idle",
     ),
     ("below-min", "prefill", None, 0, 0, PREFILL, None, None, "up", 1, "outside bounds"),
@@ -365,3 +365,32 @@ def test_merge_patch_application_decides_whether_a_status_write_is_needed() -> N
     moved = apply_merge_patch(status, {"metrics": {"ttftP99": None, "observedAt": "t2"}})
     assert moved["metrics"] == {"observedAt": "t2"}
     assert _without_timestamp(moved) != _without_timestamp(status)
+
+
+def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one() -> None:
+    from disagg.autoscale.metrics import cumulative_buckets
+
+    vllm = build_queries("vllm", "ns", "m", "prefill", 120)
+    assert vllm["prefillBuckets"] == (
+        "sum by (le) (rate(vllm:request_prefill_time_seconds_bucket"
+        '{namespace="ns",disagg_model="m",disagg_role="prefill"}[120s]))'
+    )
+    assert "vllm:prompt_tokens_total" in vllm["promptTokensRate"]
+    assert "_sum" in vllm["prefillSeconds"] and "_count" in vllm["prefillSeconds"]
+    # SGLang has no prefill-phase histogram: those signals are absent (latency decides),
+    # unless the user supplies a query for them.
+    sglang = build_queries("sglang", "ns", "m", "prefill", 60)
+    assert (
+        "prefillBuckets" not in sglang
+        and "sglang:prompt_tokens_total" in sglang["promptTokensRate"]
+    )
+    custom = build_queries("sglang", "ns", "m", "prefill", 60, {"prefillBuckets": "x{$selector}"})
+    assert custom["prefillBuckets"].startswith("x{namespace=")
+    # Bucket rates by le, as Prometheus returns them, become an ascending histogram.
+    assert cumulative_buckets({"+Inf": 3.0, "0.5": 1.0, "1": 2.0}) == (
+        (0.5, 1.0),
+        (1.0, 2.0),
+        (float("inf"), 3.0),
+    )
+    assert cumulative_buckets({"+Inf": 0.0, "1": 0.0}) == ()  # nothing observed
+    assert cumulative_buckets({"bogus": 1.0}) == ()

@@ -28,7 +28,13 @@ class ScaleDownBehavior(ApiModel):
         default="5m",
         description="A smaller size must be recommended this long before it is acted on.",
     )
-    max_step: int = Field(default=1, ge=1, le=100, description="Most replicas removed per step.")
+    max_step: int = Field(
+        default=100,
+        ge=1,
+        le=100,
+        description="Most replicas removed per step. The default does not limit it: the "
+        "pool goes down to the largest size recommended during the stabilization window.",
+    )
     cooldown: Duration = Field(
         default="2m", description="Least time after any scaling before a scale-down."
     )
@@ -56,6 +62,17 @@ class QueryOverrides(ApiModel):
     )
     last_sample: str | None = Field(
         default=None, min_length=1, description="Unix time of the newest sample (staleness check)."
+    )
+    prompt_tokens_rate: str | None = Field(
+        default=None, min_length=1, description="Prompt tokens the pool computes per second."
+    )
+    prefill_seconds: str | None = Field(
+        default=None, min_length=1, description="Mean prefill-phase time per request, seconds."
+    )
+    prefill_buckets: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Prefill-phase time histogram: an instant vector of bucket rates by le.",
     )
 
 

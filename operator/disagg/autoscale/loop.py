@@ -22,6 +22,7 @@ from disagg.api.base import format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
+    UNREACHABLE_MARK,
     Behavior,
     Decision,
     PoolMemory,
@@ -76,6 +77,7 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
             max_replicas=spec.pool(role).autoscaling.max_replicas,
             gpus_per_replica=spec.pool(role).gpus,
             max_num_seqs=spec.pool(role).max_num_seqs,
+            tensor_parallel=spec.pool(role).tensor_parallel_size,
         )
         for role in POOLS
     }
@@ -91,6 +93,7 @@ def behavior(model: DisaggregatedModel) -> Behavior:
         down_step=a.scale_down.max_step,
         down_cooldown=parse_duration(a.scale_down.cooldown),
         stale_after=max(30.0, 3 * parse_duration(a.interval)),
+        window=parse_duration(a.window),
     )
 
 
@@ -292,22 +295,27 @@ class ModelAutoscaler:
         )
         patch["metrics"] = metrics
         summary = "; ".join(f"{d.pool}: {d.reason}" for d in decisions)
-        limited = [d for d in decisions if d.limited]
+        limited = [d.reason for d in decisions if d.limited]
+        unreachable = [f"{d.pool}: {d.unreachable}" for d in decisions if d.unreachable]
         previous = status.get("conditions") or []
+        reason = "GpuBudget" if limited else "SLOUnreachable" if unreachable else "WithinLimits"
         patch["conditions"] = merge_conditions(
             previous,
             [
                 _condition("ScalingActive", "True", "SLOTracking", summary, generation, previous),
                 _condition(
                     "ScalingLimited",
-                    "True" if limited else "False",
-                    "GpuBudget" if limited else "WithinLimits",
-                    "; ".join(d.reason for d in limited),
+                    "True" if limited or unreachable else "False",
+                    reason,
+                    "; ".join(limited + unreachable),
                     generation,
                     previous,
                 ),
             ],
         )
+        before: Obj = next((c for c in previous if c.get("type") == "ScalingLimited"), {})
+        if unreachable and UNREACHABLE_MARK not in str(before.get("message", "")):
+            await self.recorder.warning(body, "SLOUnreachable", "; ".join(unreachable))
         await self._patch_status(body, patch)
         if changed:
             self.on_change()

@@ -94,11 +94,25 @@ class PrometheusSource:
                     )
                 )
             )
+            # Only the TTFT-driven pool is sized from its prefill load.
+            sized = latency == "ttftP99"
+            load = await asyncio.gather(
+                *(
+                    self._optional(queries.get(s) if sized else None)
+                    for s in ("promptTokensRate", "prefillSeconds")
+                )
+            )
+            buckets = (
+                await self.vector(queries["prefillBuckets"], label="le")
+                if sized and "prefillBuckets" in queries
+                else {}
+            )
         except TimeoutError as error:
             raise MetricsUnavailable(
                 f"Prometheus at {self.url} did not answer in {self._timeout}s"
             ) from error
         (p99, _), (rate, _), (queue, _), (running, _), (kv, _), (pods, _), (last, _) = values
+        prompt_tokens, prefill_seconds = load
         return Signals(
             p99=p99,
             request_rate=rate,
@@ -107,4 +121,22 @@ class PrometheusSource:
             kv_usage=kv,
             pods_reporting=int(pods or 0),
             sampled_at=last if last is not None else 0.0,
+            prompt_tokens_rate=prompt_tokens,
+            prefill_seconds=prefill_seconds,
+            prefill_buckets=cumulative_buckets(buckets),
         )
+
+    async def _optional(self, promql: str | None) -> float | None:
+        return None if promql is None else (await self.query(promql))[0]
+
+
+def cumulative_buckets(by_le: dict[str, float]) -> tuple[tuple[float, float], ...]:
+    """A histogram's bucket rates keyed by ``le`` as ascending (bound, rate) pairs; empty
+    when there were no observations (or a bucket label is not a number)."""
+    try:
+        pairs = sorted((float(le), value) for le, value in by_le.items())
+    except ValueError:
+        return ()
+    if not pairs or pairs[-1][1] <= 0 or not math.isinf(pairs[-1][0]):
+        return ()
+    return tuple(pairs)

@@ -21,12 +21,14 @@ from typing import Final, Literal
 
 Signal = Literal[
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
-    "lastSample",
+    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets",
 ]  # fmt: skip
 SIGNALS: Final[tuple[Signal, ...]] = (
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
-    "lastSample",
+    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets",
 )  # fmt: skip
+LOAD_SIGNALS: Final[tuple[Signal, ...]] = ("promptTokensRate", "prefillSeconds", "prefillBuckets")
+"""Feed-forward sizing's inputs: optional (an engine without them is sized on latency)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class MetricNames:
     running: str
     kv_usage: str
     requests: str
+    prompt_tokens: str
+    prefill_time: str | None
+    """Histogram of the prefill phase alone (scheduled to first token), if the engine has one."""
 
 
 VLLM: Final = MetricNames(
@@ -48,6 +53,8 @@ VLLM: Final = MetricNames(
     running="vllm:num_requests_running",
     kv_usage="vllm:kv_cache_usage_perc",
     requests="vllm:e2e_request_latency_seconds_count",
+    prompt_tokens="vllm:prompt_tokens_total",
+    prefill_time="vllm:request_prefill_time_seconds",
 )
 SGLANG: Final = MetricNames(
     ttft="sglang:time_to_first_token_seconds",
@@ -56,6 +63,8 @@ SGLANG: Final = MetricNames(
     running="sglang:num_running_reqs",
     kv_usage="sglang:token_usage",
     requests="sglang:e2e_request_latency_seconds_count",
+    prompt_tokens="sglang:prompt_tokens_total",
+    prefill_time=None,
 )
 
 _TEMPLATES: Final[dict[Signal, str]] = {
@@ -67,6 +76,10 @@ _TEMPLATES: Final[dict[Signal, str]] = {
     "requestRate": "sum(rate({requests}{{$selector}}[$window]))",
     "podsReporting": "count({running}{{$selector}})",
     "lastSample": "max(timestamp({running}{{$selector}}))",
+    "promptTokensRate": "sum(rate({prompt_tokens}{{$selector}}[$window]))",
+    "prefillSeconds": "sum(rate({prefill_time}_sum{{$selector}}[$window])) / "
+    "sum(rate({prefill_time}_count{{$selector}}[$window]))",
+    "prefillBuckets": "sum by (le) (rate({prefill_time}_bucket{{$selector}}[$window]))",
 }
 
 
@@ -91,7 +104,8 @@ def build_queries(
     backend: str, namespace: str, model: str, role: str, window_seconds: float,
     overrides: dict[str, str] | None = None,
 ) -> dict[Signal, str]:  # fmt: skip
-    """Every signal's query for one pool."""
+    """Every signal's query for one pool (``prefillBuckets`` is an instant vector by ``le``;
+    the prefill-time signals are absent for an engine without that histogram)."""
     names = VLLM if backend == "vllm" else SGLANG
     values = {
         "selector": pool_selector(namespace, model, role),
@@ -99,6 +113,10 @@ def build_queries(
     }
     queries: dict[Signal, str] = {}
     for signal in SIGNALS:
-        template = (overrides or {}).get(signal) or _TEMPLATES[signal].format(**vars(names))
+        template = (overrides or {}).get(signal)
+        if template is None:
+            if "{prefill_time}" in _TEMPLATES[signal] and names.prefill_time is None:
+                continue  # this engine does not report it; the policy sizes on latency
+            template = _TEMPLATES[signal].format(**vars(names))
         queries[signal] = Template(template).safe_substitute(values)
     return queries

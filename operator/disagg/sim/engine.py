@@ -234,5 +234,7 @@ class Engine:
         m.e2e.labels(**labels).observe(e2e)
         if timing.scheduled is not None:
             m.queue.labels(**labels).observe(self.seconds(timing.scheduled - timing.arrival))
+            # vLLM's prefill phase: from first scheduled to the first token.
+            m.prefill.labels(**labels).observe(self.seconds(tokens[0] - timing.scheduled))
         m.prompt_tokens.labels(**labels).inc(request.prompt_tokens)
         m.generation_tokens.labels(**labels).inc(len(tokens))

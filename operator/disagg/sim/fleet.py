@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
+from disagg.perf.buckets import REQUEST_LATENCY_BUCKETS
 from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
@@ -59,6 +60,13 @@ class PoolStats:
     prompt_tokens_rate: float
     mean_prompt: float
     mean_output: float
+    served_rate: float = 0.0
+    """Requests this pool finished per second (what its engines' counters report)."""
+    prompt_tokens_served_rate: float = 0.0
+    prefill_seconds: float | None = None
+    """Mean time a prompt spent in its prefill phase (vLLM's request_prefill_time)."""
+    prefill_buckets: tuple[tuple[float, float], ...] = ()
+    """The prefill times as a cumulative histogram: (upper bound, count at or below)."""
 
 
 class ScalingPolicy(Protocol):
@@ -124,12 +132,15 @@ class Fleet:
         self.engines: list[Engine] = []
         self.outcomes: dict[int, Outcome] = {}
         self.actions = 0
+        self.scaling_log: list[tuple[float, str, int, int]] = []
         self.timeline: list[dict[str, float]] = []
         self._end = self._horizon = math.inf
         self._arrived: list[Outcome] = []
         self._arrivals: list[float] = []
         """Outcomes and arrival times in arrival order: the policy's window is a slice."""
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
+        self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
+        """(time, prompt tokens) of every request a pool finished, in time order."""
         pools: tuple[PoolName, ...] = (
             ("decode",) if config.mode == "colocated" else ("prefill", "decode")
         )
@@ -185,6 +196,11 @@ class Fleet:
         if step.tokens == 0:
             return
         engine.busy = True
+        for request, _ in step.chunks:
+            if request.prefilled == 0:
+                owner = self._owners.get(id(request))
+                if owner is not None and owner[1].prefill_started is None:
+                    owner[1].prefill_started = self.now
         duration = self.config.step_time(
             engine.scheduler.shape,
             [PrefillChunk(n, r.prefilled) for r, n in step.chunks],
@@ -248,6 +264,7 @@ class Fleet:
         for sim in result.finished:
             owner, outcome = self._owners.pop(id(sim))
             owner.outstanding -= 1
+            self._served[owner.pool].append((self.now, sim.prompt_tokens))
             if owner.pool == "prefill" and self.config.mode == "disaggregated":
                 outcome.prefill_done = self.now
                 network = self.config.network
@@ -291,10 +308,15 @@ class Fleet:
         else:
             ttfts = [t for o in done_first if (t := o.ttft) is not None]
         tpots = [t for o in done_first if o.tokens > 1 and (t := o.tpot) is not None]
+        prefill_times = self._prefill_times(pool, recent)
         engines = [e for e in self.engines if e.pool == pool and e.removed_at is None]
         serving = self._serving(pool)
         capacity = sum(e.scheduler.kv_capacity for e in serving) or 1
-        span = min(self.config.window, max(self.now, 1e-9))
+        # Rates over what has elapsed, but never over less than one interval: a request at
+        # t=0 is not a rate of 1e9 per second.
+        span = min(self.config.window, max(self.now, self.config.interval))
+        served = self._served[pool]
+        served = served[bisect.bisect_left(served, (since, -1)) :]
         return PoolStats(
             replicas=len([e for e in engines if not e.draining]),
             ready=len(serving),
@@ -307,7 +329,28 @@ class Fleet:
             prompt_tokens_rate=sum(o.request.prompt_tokens for o in recent) / span,
             mean_prompt=sum(o.request.prompt_tokens for o in recent) / max(1, len(recent)),
             mean_output=sum(o.request.output_tokens for o in recent) / max(1, len(recent)),
+            served_rate=len(served) / span,
+            prompt_tokens_served_rate=sum(tokens for _, tokens in served) / span,
+            prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
+            prefill_buckets=tuple(
+                (bound, float(bisect.bisect_right(prefill_times, bound)))
+                for bound in (*REQUEST_LATENCY_BUCKETS, math.inf)
+            )
+            if prefill_times
+            else (),
         )
+
+    def _prefill_times(self, pool: PoolName, recent: Sequence[Outcome]) -> list[float]:
+        """Sorted prefill-phase times of the window's requests that this pool prefilled."""
+        disaggregated = self.config.mode == "disaggregated"
+        if disaggregated and pool == "decode":
+            return []
+        times = []
+        for o in recent:
+            end = o.prefill_done if disaggregated else o.first_token
+            if o.prefill_started is not None and end is not None:
+                times.append(end - o.prefill_started)
+        return sorted(times)
 
     def _scale(self, pool: PoolName, desired: int) -> None:
         low, high = self.config.bounds[pool]
@@ -315,6 +358,8 @@ class Fleet:
         live = [
             e for e in self.engines if e.pool == pool and e.removed_at is None and not e.draining
         ]
+        if desired != len(live):
+            self.scaling_log.append((self.now, pool, len(live), desired))
         if desired > len(live):
             for _ in range(desired - len(live)):
                 self._add_engine(pool, ready_at=self.now + self.config.provisioning_delay)
@@ -373,7 +418,7 @@ class Fleet:
             gone = engine.removed_at if engine.removed_at is not None else duration
             gpu_seconds += max(0.0, gone - created) * gpus
         ordered = [self.outcomes[i] for i in sorted(self.outcomes)]
-        return Result(ordered, duration, gpu_seconds, self.actions, self.timeline)
+        return Result(ordered, duration, gpu_seconds, self.actions, self.timeline, self.scaling_log)
 
 
 def _transfer(shape: EngineShape, tokens: int, network: NetworkProfile) -> float:

@@ -40,14 +40,19 @@ class SloPolicy:
 
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
         latency = stats.ttft_p99 if pool == "prefill" else stats.tpot_p99
+        # What the engines' own counters would report: requests and prompt tokens they
+        # finished, not arrivals (the backlog shows in the queue).
         signals = Signals(
             p99=latency,
-            request_rate=stats.request_rate,
+            request_rate=stats.served_rate,
+            prompt_tokens_rate=stats.prompt_tokens_served_rate,
             queue=stats.queue,
             running=stats.running,
             kv_usage=stats.kv_usage,
             pods_reporting=stats.ready,
             sampled_at=now,
+            prefill_seconds=stats.prefill_seconds,
+            prefill_buckets=stats.prefill_buckets,
         )
         decision = decide_pool(
             pool, signals, stats.replicas, stats.ready, self.policies[pool], self.behavior,

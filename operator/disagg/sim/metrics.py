@@ -57,6 +57,13 @@ class EngineMetrics:
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=r,
         )
+        self.prefill = Histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge(
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",

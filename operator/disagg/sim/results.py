@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from disagg.sim.traffic import Request
@@ -15,6 +15,8 @@ class Outcome:
     """One request's fate."""
 
     request: Request
+    prefill_started: float | None = None
+    """When the engine first scheduled the prompt (vLLM's prefill phase starts here)."""
     prefill_done: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -40,6 +42,8 @@ class Result:
     gpu_seconds: float
     scaling_actions: int
     timeline: list[dict[str, float]]
+    scaling_log: list[tuple[float, str, int, int]] = field(default_factory=list)
+    """Every resize: (time, pool, replicas before, replicas after)."""
 
     def attainment(
         self, ttft_slo: float, tpot_slo: float, start: int = 0
@@ -78,3 +82,14 @@ def percentile(values: Sequence[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def flaps(log: Sequence[tuple[float, str, int, int]], within: float = 300.0) -> int:
+    """Scale-downs undone by a scale-up of the same pool within ``within`` seconds."""
+    count = 0
+    for index, (at, pool, before, after) in enumerate(log):
+        if after >= before:
+            continue
+        if any(p == pool and b2 < a2 and t <= at + within for t, p, b2, a2 in log[index + 1 :]):
+            count += 1
+    return count

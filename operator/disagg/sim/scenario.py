@@ -127,13 +127,17 @@ def build_policy(scenario: Scenario, config: FleetConfig) -> ScalingPolicy:
         high = scenario.max_replicas
         return SloPolicy(
             {
-                "prefill": PoolPolicy(scenario.ttft, 1, high, scenario.prefill_tp),
+                "prefill": PoolPolicy(
+                    scenario.ttft, 1, high, scenario.prefill_tp,
+                    tensor_parallel=scenario.prefill_tp,
+                ),
                 "decode": PoolPolicy(
-                    scenario.tpot, 1, high, scenario.decode_tp, scenario.max_num_seqs
+                    scenario.tpot, 1, high, scenario.decode_tp, scenario.max_num_seqs,
+                    tensor_parallel=scenario.decode_tp,
                 ),
             },
-            Behavior(),
-        )
+            Behavior(window=config.window),
+        )  # fmt: skip
     raise KeyError(f"unknown policy {scenario.policy!r}; known: {', '.join(POLICIES)}")
 
 

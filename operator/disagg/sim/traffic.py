@@ -114,8 +114,9 @@ def generate(
 def load_trace(path: Path) -> list[Request]:
     """A user's trace: CSV (arrival,input_tokens,output_tokens) or JSONL with those keys.
 
-    Arrival is seconds (or milliseconds if a ``timestamp`` key in ms is used, as in Mooncake's
-    traces). Raises ValueError naming the line of the first bad row.
+    Arrival is seconds (``arrival`` or ``arrival_s``), or milliseconds under ``timestamp`` as
+    in Mooncake's traces (with ``input_length``/``output_length``). Raises ValueError naming
+    the line of the first bad row.
     """
     rows: Iterator[dict[str, str]]
     text = path.read_text()
@@ -128,6 +129,8 @@ def load_trace(path: Path) -> list[Request]:
         try:
             if "timestamp" in row:
                 arrival = float(row["timestamp"]) / 1000
+            elif "arrival_s" in row:
+                arrival = float(row["arrival_s"])
             else:
                 arrival = float(row["arrival"])
             prompt = int(row.get("input_tokens") or row["input_length"])

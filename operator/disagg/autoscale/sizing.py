@@ -1,0 +1,238 @@
+"""Feed-forward pool sizing from load (pure): how many replicas the observed load needs.
+
+Latency tells the autoscaler that a pool was too small a window ago; load tells it how big
+the pool must be now. Both pools are sized here from what their engines report:
+
+* **prefill** is a queue in front of ``n`` servers. A replica's speed in prompt tokens per
+  second is learned (:func:`learn_prefill_speed`) from the engines' own counters: a prompt
+  alone takes ``prompt / speed`` (its prefill-phase time, vLLM's
+  ``request_prefill_time_seconds``, when nothing is batched with it) and a saturated replica
+  serves ``speed`` tokens per second. The mean prompt over that speed is the service time
+  ``s``; arrivals ``λ`` (plus the backlog, drained over a minute) give the offered load
+  ``a = λ·s`` in Erlangs. Erlang C gives the probability that a prompt waits longer than what
+  the TTFT SLO leaves after its own prefill (per bucket of the prefill-time histogram: a
+  short prompt may wait almost the whole SLO, one near it hardly at all); the pool is the
+  fewest replicas that keep that share under the target.
+* **decode** holds sequences. Little's law makes the running plus waiting sequences the
+  demand; a replica holds ``batch`` of them while its step still meets the TPOT SLO. That
+  batch is learned online (:func:`learn_batch`): lowered to what a replica held when TPOT
+  broke, raised to what it held while TPOT met the SLO with margin.
+* **headroom**: demand (arrivals for prefill, sequences for decode) is multiplied by where
+  its rise over the last two provisioning delays leads one delay from now (so the replicas
+  ordered now are enough when they arrive) and by the uncertainty of the rate estimate
+  itself. Surprise bursts are not predicted; the policy learns their return instead (see
+  the scale-down look-back in :mod:`disagg.autoscale.policy`).
+* **unreachable**: a prompt whose prefill alone exceeds the TTFT SLO misses it at any pool
+  size; :func:`share_above` measures that share from the prefill-time histogram and
+  :func:`tp_to_meet` names the tensor-parallel degree that would serve it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Final
+
+Buckets = Sequence[tuple[float, float]]
+"""A cumulative histogram: (upper bound, observations at or below it), bounds ascending."""
+Budgets = Sequence[tuple[float, float]]
+"""(share of prompts, seconds they may wait) pairs."""
+
+WAIT_TARGET: Final = 0.005
+"""Share of prompts allowed to wait past their TTFT budget: half the 1% a p99 SLO allows
+(the other half is for what the model misses)."""
+DRAIN_SECONDS: Final = 60.0
+"""A backlog counts as extra arrivals spread over this long."""
+GROWTH_CAP: Final = 2.0
+
+
+def erlang_c(servers: int, load: float) -> float:
+    """Probability that an arrival waits in an M/M/``servers`` queue offered ``load`` Erlangs."""
+    if load <= 0:
+        return 0.0
+    if servers <= load:
+        return 1.0
+    blocking = 1.0  # Erlang B by its recurrence: stable for any number of servers
+    for k in range(1, servers + 1):
+        blocking = load * blocking / (k + load * blocking)
+    rho = load / servers
+    return blocking / (1 - rho + rho * blocking)
+
+
+def late_share(servers: int, load: float, service: float, budgets: Budgets) -> float:
+    """Share of prompts that wait longer than their own budget (M/M/n:
+    P(W > t) = C(n, a)·exp(-(n - a)·t / s)), over a mix of (share, budget) pairs."""
+    waits = erlang_c(servers, load)
+    if waits <= 0:
+        return 0.0
+    return sum(
+        share * waits * math.exp(-(servers - load) * max(0.0, budget) / service)
+        for share, budget in budgets
+    )
+
+
+def prefill_replicas(
+    arrival_rate: float, service: float, budgets: Budgets, limit: int = 1000
+) -> int:
+    """Fewest replicas for which at most WAIT_TARGET of the prompts (that can meet the SLO
+    at all) wait past what the SLO leaves them."""
+    load = arrival_rate * service
+    if load <= 0:
+        return 0
+    reachable = sum(share for share, _ in budgets) or 1.0
+    n = max(1, math.floor(load) + 1)
+    while n < limit:
+        if late_share(n, load, service, budgets) <= WAIT_TARGET * reachable:
+            return n
+        n += 1
+    return limit
+
+
+def decode_replicas(sequences: float, batch: float) -> int:
+    """Replicas that hold ``sequences`` at ``batch`` each."""
+    if sequences <= 0 or batch <= 0:
+        return 0
+    return math.ceil(sequences / batch - 1e-9)
+
+
+def share_above(buckets: Buckets, threshold: float) -> float:
+    """Share of observations above ``threshold``, interpolating inside its bucket as
+    histogram_quantile does."""
+    if not buckets or buckets[-1][1] <= 0:
+        return 0.0
+    total = buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if threshold <= bound:
+            if math.isinf(bound):
+                below = lower_count
+            else:
+                fraction = (threshold - lower_bound) / (bound - lower_bound)
+                below = lower_count + fraction * (count - lower_count)
+            return max(0.0, 1 - below / total)
+        lower_bound, lower_count = bound, count
+    return 0.0
+
+
+def quantile(buckets: Buckets, q: float) -> float | None:
+    """The q-quantile of a cumulative histogram (histogram_quantile's interpolation); the
+    highest finite bound when it falls in the +Inf bucket."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def wait_budgets(slo: float, buckets: Buckets, mean_service: float) -> list[tuple[float, float]]:
+    """(share of prompts, seconds the TTFT SLO leaves them to wait) per bucket of the
+    prefill-time histogram, counting each bucket at its slowest; prompts whose prefill alone
+    exceeds the SLO are left out (they miss at any size). Without a histogram: every prompt
+    at twice the mean."""
+    if not buckets or buckets[-1][1] <= 0:
+        return [(1.0, max(0.0, slo - 2 * mean_service))]
+    total = buckets[-1][1]
+    budgets, lower_count = [], 0.0
+    for bound, count in buckets:
+        top = min(bound, slo)
+        share = (1 - share_above(buckets, top)) - lower_count / total
+        if share > 0:
+            budgets.append((share, slo - top))
+        if bound >= slo:
+            break
+        lower_count = count
+    return budgets
+
+
+def noise(events: float) -> float:
+    """Headroom for the rate estimate itself: one based on ``events`` arrivals is off by about
+    1/sqrt(events) (Poisson)."""
+    return 1 + 1 / math.sqrt(max(1.0, events))
+
+
+def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
+    """The demand one ``delay`` from now over the demand now, from a least-squares line
+    through the last two delays of samples (1 when flat or falling), at most GROWTH_CAP.
+
+    Fitting over two delays, not the last few samples, keeps the rate estimate's own noise
+    from being extrapolated into replicas."""
+    if not demand:
+        return 1.0
+    now = demand[-1][0]
+    # A rise from nothing is traffic starting, not a trend to extrapolate.
+    recent = [(t, d) for t, d in demand if now - 2 * delay <= t and d > 0]
+    if len(recent) < 3 or now - recent[0][0] < delay:
+        return 1.0
+    n = len(recent)
+    mean_t = sum(t for t, _ in recent) / n
+    mean_d = sum(d for _, d in recent) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in recent)
+    slope = sum((t - mean_t) * (d - mean_d) for t, d in recent) / spread if spread else 0.0
+    fitted = mean_d + slope * (now - mean_t)
+    if fitted <= 0 or slope <= 0:
+        return 1.0
+    return max(1.0, min(GROWTH_CAP, (fitted + slope * delay) / fitted))
+
+
+def headroom(demand: Sequence[tuple[float, float]], delay: float, events: float) -> float:
+    """How much more demand to provision for than is seen now: where its rise leads one
+    provisioning delay ahead, times the rate estimate's own uncertainty."""
+    return trend(demand, delay) * noise(events)
+
+
+SPEED_DECAY: Final = 0.995
+"""Per evaluation: a speed seen once fades slowly, so a change of prompt mix is followed."""
+
+
+def learn_prefill_speed(
+    learned: float | None,
+    prompt_tokens_rate: float | None,
+    request_rate: float | None,
+    prefill_seconds: float | None,
+    ready: int,
+) -> float | None:
+    """Prompt tokens per second one prefill replica computes.
+
+    Both observations underestimate it, from opposite ends: the mean prompt over the mean
+    prefill time is exact for prompts computed alone (batched ones look slower), and the
+    tokens served per replica are exact when the pool is saturated (idle time looks slower).
+    So the larger is the better estimate, and the best seen recently is kept.
+    """
+    if not prompt_tokens_rate or not request_rate or not prefill_seconds or ready < 1:
+        return learned
+    alone = prompt_tokens_rate / request_rate / prefill_seconds
+    observed = max(alone, prompt_tokens_rate / ready)
+    return observed if learned is None else max(observed, SPEED_DECAY * learned)
+
+
+def learn_batch(
+    learned: float | None, per_replica: float, p99: float, slo: float, band: float
+) -> float | None:
+    """Sequences a decode replica holds at the TPOT SLO, updated from one clean observation."""
+    if per_replica <= 0:
+        return learned
+    if p99 > slo * (1 + band):
+        knee = 0.9 * per_replica
+        return knee if learned is None else min(learned, knee)
+    if p99 < 0.7 * slo and learned is not None and per_replica > learned:
+        return per_replica
+    return learned
+
+
+def tp_to_meet(tp: int, seconds: float, slo: float) -> int:
+    """The smallest power-of-two multiple of ``tp`` whose time (assumed to fall in proportion
+    to the TP degree: an optimistic bound) meets ``slo`` with 10% margin."""
+    factor = 1
+    while seconds / factor > 0.9 * slo and factor < 64:
+        factor *= 2
+    return tp * factor

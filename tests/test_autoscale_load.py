@@ -1,0 +1,118 @@
+"""The policy's load-driven rules: sizing ahead of latency, unreachable SLOs, stale p99s,
+proportional scale-down and the look-back learned from flaps."""
+
+from __future__ import annotations
+
+from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
+
+NOW = 50_000.0
+PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=16, gpus_per_replica=4,
+                     tensor_parallel=4)  # fmt: skip
+DECODE = PoolPolicy(slo=0.04, min_replicas=1, max_replicas=16, gpus_per_replica=4,
+                    max_num_seqs=256, tensor_parallel=4)  # fmt: skip
+RULES = Behavior(up_cooldown=30, down_window=300, down_cooldown=120, window=60)
+# A fast prefill mix: every prompt under 0.5 s.
+FAST_PROMPTS = ((0.3, 60.0), (0.5, 100.0), (float("inf"), 100.0))
+
+
+def prefill(p99: float, rate: float, at: float = NOW, **extra: object) -> Signals:
+    values: dict[str, object] = {
+        "p99": p99,
+        "request_rate": rate,
+        "prompt_tokens_rate": rate * 1000,
+        "prefill_seconds": 0.1,
+        "prefill_buckets": FAST_PROMPTS,
+        "queue": 0.0,
+        "pods_reporting": 16,
+        "sampled_at": at,
+    }
+    values.update(extra)
+    return Signals(**values)  # type: ignore[arg-type]
+
+
+def test_prefill_grows_from_load_before_latency_moves() -> None:
+    # 30 req/s of 1000-token prompts is 3 replicas' worth at 10k tokens/s each, yet the p99
+    # still looks fine: the load, not the latency, says the pool is too small.
+    memory = PoolMemory(prefill_speed=10_000)
+    decision = decide_pool("prefill", prefill(0.4, 30.0), 3, 3, PREFILL, RULES, memory, None, NOW)
+    assert decision.action == "up" and decision.desired >= 4
+    assert "load needs" in decision.reason and "tokens/s per replica" in decision.reason
+
+
+def test_prompts_that_miss_at_any_size_do_not_drive_scaling_and_are_reported() -> None:
+    # 5% of prompts take 2.5-5 s of prefill alone against a 2 s SLO: the p99 is over the SLO
+    # whatever the pool size, and the load itself fits in the replicas there are.
+    slow = ((0.5, 90.0), (1.0, 95.0), (5.0, 100.0), (float("inf"), 100.0))
+    memory = PoolMemory(prefill_speed=10_000)
+    signals = prefill(4.5, 2.0, prefill_buckets=slow)
+    decision = decide_pool("prefill", signals, 2, 2, PREFILL, RULES, memory, None, NOW)
+    assert decision.action != "up", decision.reason
+    assert decision.unreachable is not None and decision.unreachable_share > 0.01
+    assert "at any size" in decision.unreachable and "TP4" in decision.unreachable
+    # Up to 4.9 s against 2 s (with 10% margin) needs a quarter of the time: TP16.
+    assert "TP16 would serve them" in decision.unreachable
+
+
+def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
+    memory = PoolMemory(prefill_speed=10_000, last_queue=(NOW - 15, 40.0))
+    # The queue fell from 40 to 10 since the last look: the 9 s p99 is what the backlog cost.
+    signals = prefill(9.0, 10.0, queue=10.0)
+    decision = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, memory, None, NOW)
+    assert decision.action == "hold", decision.reason
+    # The same p99 with the backlog still growing is a reason to add replicas.
+    growing = PoolMemory(prefill_speed=10_000, last_queue=(NOW - 15, 5.0))
+    decision = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, growing, None, NOW)
+    assert decision.action == "up", decision.reason
+
+
+def test_scale_down_goes_to_the_largest_size_of_the_window_in_one_step() -> None:
+    memory = PoolMemory(prefill_speed=10_000)
+    replicas, t, downs = 8, NOW, []
+    while t < NOW + 600:
+        decision = decide_pool(
+            "prefill", prefill(0.3, 5.0, at=t), replicas, replicas, PREFILL, RULES, memory,
+            None, t,
+        )  # fmt: skip
+        if decision.action == "down":
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas = decision.desired
+        t += 15
+    # 5 req/s needs one replica: one move, after the whole stabilization window.
+    assert downs == [(300.0, 8, 1)], downs
+
+
+def test_a_scale_down_undone_within_five_minutes_lengthens_the_look_back() -> None:
+    memory = PoolMemory()
+    memory.scaled(NOW, up=False, configured=300)
+    memory.scaled(NOW + 200, up=True, configured=300)
+    assert memory.down_window == 600
+    memory.scaled(NOW + 1000, up=False, configured=300)
+    memory.scaled(NOW + 1100, up=True, configured=300)
+    assert memory.down_window == 1200  # at most 4x the configured window
+    memory.scaled(NOW + 2000, up=False, configured=300)
+    memory.scaled(NOW + 2100, up=True, configured=300)
+    assert memory.down_window == 1200
+    # A scale-up long after the scale-down is new load, not a flap.
+    fresh = PoolMemory()
+    fresh.scaled(NOW, up=False, configured=300)
+    fresh.scaled(NOW + 900, up=True, configured=300)
+    assert fresh.down_window == 0
+
+
+def test_decode_is_sized_from_sequences_against_its_kv_cache() -> None:
+    # 2 replicas hold 300 sequences at 95% KV usage: a replica holds ~134 at the 85% target.
+    signals = Signals(
+        p99=0.03, request_rate=10.0, running=300.0, queue=20.0, kv_usage=0.95,
+        pods_reporting=2, sampled_at=NOW,
+    )  # fmt: skip
+    decision = decide_pool("decode", signals, 2, 2, DECODE, RULES, PoolMemory(), None, NOW)
+    assert decision.action == "up" and decision.desired == 3, decision.reason
+    assert "(KV cache)" in decision.reason
+
+
+def test_decode_step_that_misses_tpot_with_nothing_batched_is_unreachable() -> None:
+    signals = Signals(
+        p99=0.09, request_rate=0.5, running=2.0, kv_usage=0.1, pods_reporting=2, sampled_at=NOW
+    )
+    decision = decide_pool("decode", signals, 2, 2, DECODE, RULES, PoolMemory(), None, NOW)
+    assert decision.unreachable is not None and "TP16" in decision.unreachable

@@ -1,0 +1,103 @@
+"""Feed-forward sizing: the queueing arithmetic, the histogram readings, learning, headroom."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disagg.autoscale import sizing
+
+# 100 prefill times: 50 under 0.5 s, 40 in 0.5-1 s, 9 in 1-5 s, 1 above 5 s.
+BUCKETS = ((0.5, 50.0), (1.0, 90.0), (5.0, 99.0), (math.inf, 100.0))
+
+
+def test_erlang_c_matches_the_closed_forms() -> None:
+    # One server: an arrival waits with probability rho.
+    assert sizing.erlang_c(1, 0.7) == pytest.approx(0.7)
+    # Two servers: C = 2 rho^2 / (1 + rho) with rho = a / 2.
+    rho = 0.6
+    assert sizing.erlang_c(2, 2 * rho) == pytest.approx(2 * rho**2 / (1 + rho))
+    assert sizing.erlang_c(3, 3.5) == 1.0  # overloaded: everyone waits
+    assert sizing.erlang_c(4, 0.0) == 0.0
+
+
+def test_prefill_replicas_grow_with_load_and_shrink_with_a_longer_budget() -> None:
+    one = [(1.0, 1.5)]
+    sizes = [sizing.prefill_replicas(rate, 0.2, one) for rate in (1, 5, 10, 20, 40)]
+    assert sizes == sorted(sizes) and sizes[0] == 1
+    # Offered load 8 Erlangs can never be served by 8 replicas.
+    assert sizing.prefill_replicas(40, 0.2, one) > 8
+    assert sizing.prefill_replicas(20, 0.2, [(1.0, 0.1)]) > sizing.prefill_replicas(
+        20, 0.2, [(1.0, 3.0)]
+    )
+    assert sizing.prefill_replicas(0, 0.2, one) == 0
+    # A mix where most prompts may wait long needs fewer than all-at-the-tightest.
+    mixed = [(0.9, 1.8), (0.1, 0.2)]
+    assert sizing.prefill_replicas(20, 0.2, mixed) <= sizing.prefill_replicas(20, 0.2, [(1.0, 0.2)])
+
+
+def test_histogram_readings_interpolate_inside_a_bucket() -> None:
+    assert sizing.share_above(BUCKETS, 1.0) == pytest.approx(0.10)
+    assert sizing.share_above(BUCKETS, 3.0) == pytest.approx(0.055)  # halfway through 1-5 s
+    assert sizing.share_above(BUCKETS, 10.0) == pytest.approx(0.01)  # only +Inf is above
+    assert sizing.share_above((), 1.0) == 0.0
+    assert sizing.quantile(BUCKETS, 0.5) == pytest.approx(0.5)
+    assert sizing.quantile(BUCKETS, 0.7) == pytest.approx(0.75)
+    assert sizing.quantile(BUCKETS, 0.999) == 5.0  # in +Inf: the highest finite bound
+    assert sizing.quantile((), 0.5) is None
+
+
+def test_wait_budgets_leave_out_prompts_that_miss_at_any_size() -> None:
+    budgets = sizing.wait_budgets(3.0, BUCKETS, 0.5)
+    assert sum(share for share, _ in budgets) == pytest.approx(1 - 0.055)
+    assert budgets[0] == (pytest.approx(0.5), pytest.approx(2.5))
+    assert min(b for _, b in budgets) == pytest.approx(0.0)  # the slowest that still can
+    assert sizing.wait_budgets(3.0, (), 0.5) == [(1.0, 2.0)]
+
+
+def test_trend_extrapolates_a_steady_rise_and_ignores_flat_or_falling_demand() -> None:
+    rising = [(t, 10 + 0.05 * t) for t in range(0, 241, 15)]  # +6 req/s per 120 s
+    assert sizing.trend(rising, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
+    flat = [(t, 10.0) for t in range(0, 241, 15)]
+    assert sizing.trend(flat, 120) == 1.0
+    falling = [(t, 30 - 0.05 * t) for t in range(0, 241, 15)]
+    assert sizing.trend(falling, 120) == 1.0
+    # Traffic starting from nothing is not a trend; too little history is not either.
+    assert sizing.trend([(0, 0.0), (15, 5.0), (30, 9.0)], 120) == 1.0
+    explosive = [(t, 2 ** (t / 15)) for t in range(0, 241, 15)]
+    assert 1.5 < sizing.trend(explosive, 120) <= sizing.GROWTH_CAP
+
+
+def test_noise_headroom_shrinks_with_the_evidence() -> None:
+    assert sizing.noise(100) == pytest.approx(1.1)
+    assert sizing.noise(10_000) == pytest.approx(1.01)
+    assert sizing.noise(0) == 2.0
+
+
+def test_prefill_speed_takes_the_better_of_alone_and_saturated_estimates() -> None:
+    # 10 req/s of 1000 tokens, 0.1 s each: 10,000 tokens/s alone; 2 replicas serve 5,000 each.
+    assert sizing.learn_prefill_speed(None, 10_000, 10, 0.1, 2) == pytest.approx(10_000)
+    # Saturated: batched prompts take 0.5 s each, but one replica serves 20,000 tokens/s.
+    assert sizing.learn_prefill_speed(None, 20_000, 20, 0.5, 1) == pytest.approx(20_000)
+    # The best seen fades slowly rather than being forgotten.
+    assert sizing.learn_prefill_speed(20_000, 5_000, 5, 0.5, 1) == pytest.approx(
+        20_000 * sizing.SPEED_DECAY
+    )
+    assert sizing.learn_prefill_speed(7.0, None, 10, 0.1, 1) == 7.0
+
+
+def test_decode_batch_learns_the_knee_from_tpot() -> None:
+    # TPOT broke at 100 sequences per replica: the knee is below that.
+    assert sizing.learn_batch(None, 100, 0.06, 0.05, 0.1) == pytest.approx(90)
+    assert sizing.learn_batch(80, 100, 0.06, 0.05, 0.1) == 80
+    # Met with margin at more than the learned knee: the knee was too low.
+    assert sizing.learn_batch(80, 120, 0.03, 0.05, 0.1) == 120
+    assert sizing.learn_batch(80, 120, 0.045, 0.05, 0.1) == 80  # inside the band: no news
+    assert sizing.learn_batch(None, 0, 0.06, 0.05, 0.1) is None
+
+
+def test_tp_to_meet_doubles_until_the_time_fits() -> None:
+    assert sizing.tp_to_meet(8, 5.0, 3.0) == 16
+    assert sizing.tp_to_meet(8, 10.0, 3.0) == 32
+    assert sizing.tp_to_meet(4, 1.0, 3.0) == 4
