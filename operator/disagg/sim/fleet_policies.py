@@ -64,6 +64,31 @@ class SloPolicy:
 
 
 @dataclass
+class SchedulePolicy:
+    """A replica schedule fixed in advance: (start time, replicas) per pool, ascending.
+
+    Each size is ordered one ``lead`` (the provisioning delay) before its window starts, so
+    it serves from the window's first second; a smaller size takes over at its window's start.
+    """
+
+    schedule: dict[PoolName, list[tuple[float, int]]]
+    lead: float
+    name: str = "oracle (hindsight schedule)"
+
+    def at(self, pool: PoolName, t: float) -> int:
+        entries = self.schedule[pool]
+        current = entries[0][1]
+        for start, replicas in entries:
+            if start > t:
+                break
+            current = replicas
+        return current
+
+    def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
+        return max(self.at(pool, now), self.at(pool, now + self.lead))
+
+
+@dataclass
 class ThresholdPolicy:
     """HPA-style: replicas = ceil(current * utilization / target), 10% tolerance, slow down."""
 
