@@ -10,7 +10,9 @@
   that reacts to load (rather than foreseeing it) can do, since its replicas still take one
   provisioning delay to arrive;
 * **ceiling**: the attainment with every pool at its maximum, i.e. what no size can improve
-  (requests whose own prefill exceeds the TTFT SLO miss at any size).
+  (requests whose own prefill exceeds the TTFT SLO miss at any size); the **cold-start
+  ceiling** is the same from the policies' starting size, every pool ordered to its maximum
+  at t=0: what any policy that starts small can reach while its first replicas load.
 
 The pools are sized one at a time with the other at its maximum, so a miss is the swept
 pool's; the chosen sizes are then replayed together and raised where the replay falls short.
@@ -292,11 +294,15 @@ def baselines(
     target: float = 0.99,
     executor: Executor | None = None,
 ) -> dict[str, Baseline | float]:
-    """Best static, oracle and the ceiling's attainment for one trace."""
+    """Best static, oracle, reactive oracle, and the ceilings' attainment for one trace."""
     search = Search(config, requests, target, executor)
     sweeps = {pool: search.sweep(pool) for pool in search.pools}
     oracle = search.oracle(sweeps)
+    cold = _run_schedule(
+        config, requests, {pool: [(0.0, search.cap[pool])] for pool in search.pools}, True
+    )
     return {
+        "coldCeiling": search._both(cold),
         "static": search.best_static(sweeps),
         "oracle": oracle,
         "reactive": search.reactive(sweeps),
