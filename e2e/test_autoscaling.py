@@ -39,8 +39,12 @@ def test_long_prompts_scale_prefill_while_decode_stays(loop: Stack) -> None:
     model = loop.model()
     assert "scale up" in (model["status"]["prefill"].get("lastScaleReason") or "")
     assert loop.condition("ScalingActive")["status"] == "True"
-    events = {e["reason"] for e in loop.kube.items("events", loop.namespace)}
-    assert "ScaledUp" in events
+    events = loop.kube.items("events", loop.namespace)
+    assert "ScaledUp" in {e["reason"] for e in events}
+    # The engines' prefill-phase histogram and token counters reach the policy through
+    # Prometheus: at least one scale-up was sized from the load, not only from latency.
+    scaled = [e.get("message", "") for e in events if e["reason"] == "ScaledUp"]
+    assert any("tokens/s per replica" in m for m in scaled), scaled
     # Once scaled, TTFT at the load generator is back near the 1 s SLO.
     tail = report.ttfts[-30:]
     assert sum(t <= 1.5 * TIME_SCALE for t in tail) / len(tail) > 0.8, tail

@@ -360,6 +360,18 @@ def _learn(
     )
 
 
+def pool_demand(pool: PoolName, signals: Signals, growing: float) -> float | None:
+    """What a pool's headroom trend follows: prompt tokens per second reaching a prefill pool
+    (a wave of long prompts moves it at a constant request rate), sequences a decode pool
+    holds."""
+    if pool == "decode":
+        return None if signals.running is None else signals.running + (signals.queue or 0.0)
+    rate, tokens = signals.request_rate, signals.prompt_tokens_rate
+    if not rate or tokens is None:
+        return rate
+    return tokens + growing * tokens / rate
+
+
 def decide_pool(
     pool: PoolName,
     signals: Signals | None,
@@ -390,18 +402,11 @@ def decide_pool(
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
     since = math.inf if last_scale is None else now - last_scale
-    demand = (
-        signals.request_rate
-        if pool == "prefill"
-        else None
-        if signals.running is None
-        else signals.running + (signals.queue or 0.0)
-    )
-    memory.track(now, demand, current, ready)
+    growing = memory.queue_growth(signals.sampled_at, signals.queue)
+    memory.track(now, pool_demand(pool, signals, growing), current, ready)
     _learn(pool, signals, current, ready, since, policy, behavior, memory, band)
     # Per-replica load is measured on the replicas that serve: starting ones carry none yet.
     replicas = max(1, min(current, ready))
-    growing = memory.queue_growth(signals.sampled_at, signals.queue)
     # For one window after a scale-up's replicas arrive, the p99 still describes the smaller
     # pool, and the backlog it left drains: scaling again on them would scale twice for one
     # load (a backlog that still grows counts).

@@ -217,14 +217,7 @@ class Search:
             sizes, result = options[best], tried[best]
         label = " + ".join(f"{sizes[p]}{p[0].upper()}" for p in self.pools)
         schedule = {pool: [(0.0, sizes[pool])] for pool in self.pools}
-        return Baseline(
-            f"best static ({label})",
-            schedule,
-            self._both(result),
-            self.gpu_hours(result),
-            0,
-            result,
-        )
+        return self._baseline(f"best static ({label})", schedule, result)
 
     def oracle(self, sweeps: dict[PoolName, Sweep]) -> Baseline:
         """Per-window cheapest sizes, ordered one provisioning delay early, replayed and
@@ -248,14 +241,7 @@ class Search:
                 pool = self._culprit(result, w)
                 needs[pool][w] = min(self.cap[pool], needs[pool].get(w, 1) + 1)
         assert result is not None
-        return Baseline(
-            "oracle",
-            schedule,
-            self._both(result),
-            self.gpu_hours(result),
-            result.scaling_actions,
-            result,
-        )
+        return self._baseline("oracle", schedule, result)
 
     def reactive(self, sweeps: dict[PoolName, Sweep]) -> Baseline:
         """Each minute's cheapest size acted on only as the minute starts, from the starting
@@ -266,8 +252,13 @@ class Search:
             for pool in self.pools
         }
         result = _run_schedule(self.config, self.requests, schedule, reactive=True)
+        return self._baseline("reactive oracle", schedule, result)
+
+    def _baseline(
+        self, name: str, schedule: dict[PoolName, list[tuple[float, int]]], result: Result
+    ) -> Baseline:
         return Baseline(
-            "reactive oracle",
+            name,
             schedule,
             self._both(result),
             self.gpu_hours(result),

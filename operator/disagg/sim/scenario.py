@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from disagg.autoscale.policy import Behavior, PoolPolicy
-from disagg.perf.capacity import decode_capacity, prefill_seconds
 from disagg.perf.fitted import latency_model
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import NETWORKS, EngineShape, StepTime, kv_capacity_tokens
@@ -227,26 +226,3 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 def _finite(value: float | None) -> float | None:
     return None if value is None or math.isinf(value) else round(value, 5)
-
-
-def sized_for(scenario: Scenario, rate: float, utilization: float = 0.8) -> tuple[int, int]:
-    """(prefill, decode) replicas that carry ``rate`` at ``utilization`` of the closed-form
-    capacity: how a static deployment would be provisioned by hand."""
-    prefill, decode = scenario.shapes()
-    spec = WORKLOADS[scenario.workload]
-    isl = math.exp(spec.prompt_mu + spec.prompt_sigma**2 / 2)
-    osl = math.exp(spec.output_mu + spec.output_sigma**2 / 2)
-    latency = scenario.step_time()
-    capacity = decode_capacity(
-        latency, decode, isl, osl, scenario.tpot, kv_capacity_tokens(decode), scenario.max_num_seqs
-    )
-    prefill_s = prefill_seconds(
-        latency, prefill, round(isl), max(8192, scenario.max_num_batched_tokens)
-    )
-    decode_s = capacity.seconds_per_request(osl)
-    if scenario.mode == "colocated":
-        return 0, max(1, math.ceil(rate * (prefill_s + decode_s) / utilization))
-    return (
-        max(1, math.ceil(rate * prefill_s / utilization)),
-        max(1, math.ceil(rate * decode_s / utilization)),
-    )
