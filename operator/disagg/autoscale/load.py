@@ -1,0 +1,153 @@
+"""What a pool's load asks of it (pure): the feed-forward replica count, the requests no
+size can serve, and what the policy learns from each observation.
+
+The arithmetic lives in :mod:`disagg.autoscale.sizing`; this module reads a pool's
+:class:`~disagg.autoscale.model.Signals` into it and says, in words a user can check, which
+numbers it used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from disagg.autoscale import sizing
+from disagg.autoscale.model import Behavior, PoolMemory, PoolName, PoolPolicy, Signals
+
+KV_USAGE_TARGET: Final = 0.85
+UNREACHABLE_REPORT: Final = 0.001
+"""Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
+UNREACHABLE_MARK: Final = "at any size"
+"""Every unreachable message says so: how status tells a new finding from a repeated one."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the load alone asks of a pool, and the numbers that say so."""
+
+    replicas: int
+    why: str
+    drain_per_request: float | None = None
+    """Prefill: seconds of one replica's time a waiting prompt costs."""
+    wait_budget: float | None = None
+    """Prefill: seconds the TTFT SLO leaves a prompt for waiting."""
+
+
+def feed_forward(
+    pool: PoolName, signals: Signals, policy: PoolPolicy, memory: PoolMemory, growing: float,
+    ready: int, behavior_window: float,
+) -> Need | None:  # fmt: skip
+    """Replicas the observed load needs with headroom (None when the load cannot be sized:
+    no prefill times yet, or no decode batch learned or given). ``growing`` is how many
+    waiting requests were added per second since the last evaluation."""
+    rate = signals.request_rate or 0.0
+    headroom = sizing.headroom(memory.demand, memory.provisioning, rate * behavior_window)
+    if pool == "prefill":
+        speed = memory.prefill_speed
+        observed = signals.prefill_seconds
+        if speed is None or not observed or not rate or not signals.prompt_tokens_rate:
+            return None
+        mean_prompt = signals.prompt_tokens_rate / rate
+        service = mean_prompt / speed
+        # Prefill times observed under load include the prompts batched with them; the
+        # histogram is scaled to one prompt alone by the same factor as the mean.
+        alone = min(1.0, service / observed)
+        buckets = tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
+        # Engines count what they finished; under saturation arrivals also fill the queue.
+        arrivals = (rate + growing) * headroom + (signals.queue or 0.0) / sizing.DRAIN_SECONDS
+        budgets = sizing.wait_budgets(policy.slo, buckets, service)
+        n = sizing.prefill_replicas(arrivals, service, budgets, policy.max_replicas + 1)
+        typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
+        why = (
+            f"{rate + growing:.2f} req/s x {headroom:.2f} headroom, {mean_prompt:.0f}-token "
+            f"prompts at {speed:.0f} tokens/s per replica, most may wait {typical:.2f}s"
+        )
+        return Need(n, why, service, typical)
+    batch, bound = decode_batch(signals, policy, memory, ready)
+    if batch is None or signals.running is None:
+        return None  # sequences unknown: the gauges and latency decide
+    sequences = ((signals.running or 0.0) + (signals.queue or 0.0)) * headroom
+    n = sizing.decode_replicas(sequences, batch)
+    return Need(
+        n, f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})"
+    )
+
+
+def decode_batch(
+    signals: Signals, policy: PoolPolicy, memory: PoolMemory, ready: int
+) -> tuple[float | None, str]:
+    """Sequences one decode replica can hold, and what bounds it: the TPOT knee learned or
+    given, the engine's max-num-seqs, or its KV cache at the usage target."""
+    limits: list[tuple[float, str]] = []
+    learned = memory.batch or policy.decode_batch
+    if learned is not None:
+        limits.append((learned, "TPOT"))
+    if policy.max_num_seqs:
+        limits.append((0.9 * policy.max_num_seqs, "max-num-seqs"))
+    running, usage = signals.running, signals.kv_usage
+    if running and usage and ready and usage > 0.05:
+        limits.append((running / ready * KV_USAGE_TARGET / usage, "KV cache"))
+    if not limits:
+        return None, ""
+    return min(limits)
+
+
+def unreachable(
+    pool: PoolName, signals: Signals, ready: int, policy: PoolPolicy, band: float
+) -> tuple[float, str] | None:
+    """(share, message) of requests that miss the SLO at any size on this TP degree."""
+    tp = policy.tensor_parallel
+    if pool == "prefill":
+        share = sizing.share_above(signals.prefill_buckets, policy.slo)
+        if share < UNREACHABLE_REPORT:
+            return None
+        slowest = sizing.quantile(signals.prefill_buckets, 1 - min(share, 0.01) / 10)
+        slow = slowest if slowest is not None else policy.slo
+        return share, (
+            f"{share:.1%} of prompts take longer than the {policy.slo:g}s TTFT SLO in prefill "
+            f"alone on TP{tp} (up to {slow:.1f}s), so they miss it {UNREACHABLE_MARK}; "
+            f"TP{sizing.tp_to_meet(tp, slow, policy.slo)} would serve them"
+        )
+    if signals.p99 is None or signals.running is None or ready == 0:
+        return None
+    if signals.p99 > policy.slo * (1 + band) and signals.running / ready <= 2:
+        return 1.0, (
+            f"TPOT p99 {signals.p99 * 1000:.0f}ms with at most 2 sequences per replica: the "
+            f"decode step alone misses the {policy.slo * 1000:g}ms SLO on TP{tp} "
+            f"{UNREACHABLE_MARK}; TP{sizing.tp_to_meet(tp, signals.p99, policy.slo)} would meet it"
+        )
+    return None
+
+
+def learn(
+    pool: PoolName, signals: Signals, current: int, ready: int, since: float,
+    policy: PoolPolicy, behavior: Behavior, memory: PoolMemory, band: float,
+) -> None:  # fmt: skip
+    """Update the prefill speed and the decode batch from what the pool served."""
+    if pool == "prefill":
+        memory.prefill_speed = sizing.learn_prefill_speed(
+            memory.prefill_speed,
+            signals.prompt_tokens_rate,
+            signals.request_rate,
+            signals.prefill_seconds,
+            ready,
+        )
+        return
+    settled = current == ready and since > behavior.window
+    if pool != "decode" or not settled or signals.p99 is None or not signals.running:
+        return
+    memory.batch = sizing.learn_batch(
+        memory.batch or policy.decode_batch, signals.running / ready, signals.p99, policy.slo, band
+    )
+
+
+def pool_demand(pool: PoolName, signals: Signals, growing: float) -> float | None:
+    """What a pool's headroom trend follows: prompt tokens per second reaching a prefill pool
+    (a wave of long prompts moves it at a constant request rate), sequences a decode pool
+    holds."""
+    if pool == "decode":
+        return None if signals.running is None else signals.running + (signals.queue or 0.0)
+    rate, tokens = signals.request_rate, signals.prompt_tokens_rate
+    if not rate or tokens is None:
+        return rate
+    return tokens + growing * tokens / rate

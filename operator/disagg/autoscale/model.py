@@ -1,0 +1,152 @@
+"""What the SLO policy reads and what it remembers (pure data, no I/O).
+
+:class:`Signals` are one pool's observations from one evaluation; :class:`PoolPolicy` and
+:class:`Behavior` are the spec's limits and speed limits; :class:`PoolMemory` is what the
+policy learns between evaluations (recommendations for the stabilization window, demand
+history for headroom, the prefill speed and decode knee, the look-back learned from flaps).
+Losing the memory only delays a scale-down or falls back to latency until it is relearned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+PoolName = Literal["prefill", "decode"]
+
+FLAP_SECONDS: Final = 300.0
+MAX_DOWN_WINDOW_FACTOR: Final = 4
+HISTORY: Final = 1800.0
+"""Seconds of demand history kept for the headroom trend."""
+DEFAULT_PROVISIONING: Final = 120.0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """One pool's observations from one evaluation."""
+
+    p99: float | None
+    """TTFT p99 (prefill) or inter-token latency p99 (decode), seconds; None when NaN/absent."""
+    request_rate: float | None
+    queue: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None
+    pods_reporting: int = 0
+    sampled_at: float = 0.0
+    prompt_tokens_rate: float | None = None
+    """Prompt tokens the pool's engines processed per second."""
+    prefill_seconds: float | None = None
+    """Mean prefill-phase time of the window's requests (prefill pool), seconds."""
+    prefill_buckets: tuple[tuple[float, float], ...] = ()
+    """Prefill-phase times as a cumulative histogram: (upper bound, count or rate)."""
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """The spec's limits for one pool."""
+
+    slo: float
+    min_replicas: int
+    max_replicas: int
+    gpus_per_replica: int
+    max_num_seqs: int | None = None
+    tensor_parallel: int = 1
+    decode_batch: float | None = None
+    """Sequences one decode replica holds at the TPOT SLO, if a profile says so (a prior:
+    what the pool shows overrides it)."""
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """Speed limits from spec.autoscaling."""
+
+    up_window: float = 0.0
+    up_step: int = 4
+    up_cooldown: float = 30.0
+    down_window: float = 300.0
+    down_step: int = 100
+    down_cooldown: float = 120.0
+    stale_after: float = 60.0
+    window: float = 120.0
+    """The queries' rate window: a p99 reflects the last ``window`` seconds."""
+
+
+@dataclass
+class PoolMemory:
+    """Recent recommendations (time, replicas) of one pool: the stabilization window's input."""
+
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+    demand: list[tuple[float, float]] = field(default_factory=list)
+    """(time, demand): requests/s reaching a prefill pool, sequences held by a decode pool;
+    how fast it moves over one provisioning delay sets the headroom."""
+    batch: float | None = None
+    """Decode: sequences per replica at the TPOT SLO, learned from what the pool served."""
+    prefill_speed: float | None = None
+    """Prefill: prompt tokens per second one replica computes, learned from what it served."""
+    provisioning: float = DEFAULT_PROVISIONING
+    """How long new replicas took to become ready, as last measured."""
+    starting_since: float | None = None
+    ready_at: float | None = None
+    """When the replicas of the last scale-up all became ready."""
+    last_queue: tuple[float, float] | None = None
+    """(time, waiting requests) at the previous evaluation: how fast the backlog grows."""
+    last_down: float | None = None
+    """When the pool was last scaled down."""
+    down_window: float = 0.0
+    """The scale-down look-back learned from flaps: longer than the spec's when load that
+    was scaled away came back within FLAP_SECONDS."""
+
+    def remember(self, now: float, replicas: int, horizon: float) -> None:
+        self.recommendations.append((now, replicas))
+        self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= horizon]
+
+    def track(self, now: float, demand: float | None, current: int, ready: int) -> None:
+        """Record the demand and how long starting replicas take to become ready."""
+        if demand is not None:
+            self.demand.append((now, demand))
+            self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
+        if current > ready and self.starting_since is None:
+            self.starting_since = now
+        elif current <= ready and self.starting_since is not None:
+            self.provisioning = max(1.0, now - self.starting_since)
+            self.starting_since = None
+            self.ready_at = now
+
+    def queue_growth(self, now: float, queue: float | None) -> float:
+        """Waiting requests added per second since the previous evaluation (0 if shrinking)."""
+        previous, self.last_queue = self.last_queue, (now, queue or 0.0)
+        if previous is None or now <= previous[0]:
+            return 0.0
+        return max(0.0, ((queue or 0.0) - previous[1]) / (now - previous[0]))
+
+    def scaled(self, now: float, up: bool, configured: float) -> None:
+        """Note a resize; a scale-up soon after a scale-down doubles the look-back."""
+        if not up:
+            self.last_down = now
+        elif self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
+            base = max(configured, self.down_window)
+            self.down_window = min(MAX_DOWN_WINDOW_FACTOR * configured, 2 * base)
+            self.last_down = None
+
+    def window_max(self, now: float, window: float) -> int | None:
+        """The largest recommendation of the last ``window`` seconds; None until the history
+        covers the window."""
+        if not self.recommendations:
+            return None
+        if window > 0 and now - self.recommendations[0][0] < window:
+            return None
+        return max(r for t, r in self.recommendations if now - t <= window)
+
+    def held(
+        self, now: float, window: float, *, at_most: int | None = None, at_least: int | None = None
+    ) -> bool:
+        """Whether the history covers ``window`` and every recommendation in it stayed within
+        the bound."""
+        if window <= 0:
+            return True
+        if not self.recommendations or now - self.recommendations[0][0] < window:
+            return False
+        recent = [r for t, r in self.recommendations if now - t <= window]
+        if at_most is not None and any(r > at_most for r in recent):
+            return False
+        return not (at_least is not None and any(r < at_least for r in recent))
