@@ -47,8 +47,8 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         {"autoscaling": {"interval": "5m", "window": "1m"}},
     ),
     (
-        "with the nixl connector, decode.tensorParallelSize must be >=",
-        {"prefill": {"tensorParallelSize": 4}, "decode": {"tensorParallelSize": 2}},
+        "with the nixl connector, the larger of prefill.tensorParallelSize",
+        {"prefill": {"tensorParallelSize": 2}, "decode": {"tensorParallelSize": 3}},
     ),
     (
         "with the mooncake connector",
@@ -118,3 +118,16 @@ def test_valid_examples_are_accepted_by_the_api_server(kube: Kube, namespace: st
         manifest = yaml.safe_load(path.read_text())
         manifest["metadata"].pop("namespace", None)
         kube.apply(yaml.safe_dump(manifest), namespace, "--dry-run=server")
+
+
+def test_api_server_accepts_nixl_tp_degrees_that_divide_either_way(
+    kube: Kube, namespace: str
+) -> None:
+    # vLLM's NIXL connector serves prefill TP 8 with decode TP 2 (and the reverse).
+    for prefill_tp, decode_tp in ((8, 2), (2, 8)):
+        patch = {
+            "prefill": {"tensorParallelSize": prefill_tp},
+            "decode": {"tensorParallelSize": decode_tp},
+        }
+        manifest = _manifest(patch, name=f"tp-{prefill_tp}-{decode_tp}")
+        kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")

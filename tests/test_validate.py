@@ -58,12 +58,6 @@ BAD_INPUTS = [
         "spec.engine.backend: Input should be 'vllm' or 'sglang'",
     ),
     (
-        "nixl-tp",
-        "spec.prefill.tensorParallelSize",
-        8,
-        "spec.decode.tensorParallelSize: with the nixl connector, decode.tensorParallelSize must be >= prefill.tensorParallelSize",
-    ),
-    (
         "min-over-max",
         "spec.decode.autoscaling",
         {"minReplicas": 5, "maxReplicas": 2},
@@ -150,12 +144,24 @@ def test_mooncake_needs_equal_tp(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "with the mooncake connector, decode.tensorParallelSize must equal" in output
 
 
-def test_mla_model_relaxes_the_nixl_tp_rule(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("prefill_tp", "decode_tp", "valid"),
+    [(8, 2, True), (2, 8, True), (4, 4, True), (2, 3, False), (6, 4, False), (3, 6, True)],
+)
+def test_nixl_tp_degrees_may_differ_either_way_when_one_divides_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], prefill_tp: int, decode_tp: int, valid: bool
 ) -> None:
-    manifest = _with(load_example("minimal"), "spec.prefill.tensorParallelSize", 8)
-    manifest["spec"]["model"]["mla"] = True
-    assert _run(tmp_path, manifest, capsys)[0] == 0
+    # vLLM's NIXL connector asserts larger % smaller == 0 at the handshake (both directions).
+    manifest = _with(load_example("minimal"), "spec.prefill.tensorParallelSize", prefill_tp)
+    manifest["spec"].setdefault("decode", {})["tensorParallelSize"] = decode_tp
+    code, output = _run(tmp_path, manifest, capsys)
+    assert (code == 0) == valid, output
+    if not valid:
+        assert (
+            "spec.decode.tensorParallelSize: with the nixl connector, the larger of "
+            "prefill.tensorParallelSize and decode.tensorParallelSize must be a multiple of "
+            "the smaller" in output
+        )
 
 
 def test_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -126,8 +126,9 @@ class ModelSpec(ApiModel):
     )
     mla: bool = Field(
         default=False,
-        description="The model uses multi-head latent attention (DeepSeek-V2/V3). Its KV cache "
-        "is replicated across tensor-parallel ranks, so NIXL allows decode TP < prefill TP.",
+        description="The model uses multi-head latent attention (DeepSeek-V2/V3): its KV "
+        "cache is replicated across tensor-parallel ranks (smaller per token). Different "
+        "prefill and decode TP degrees are only partly supported upstream for MLA models.",
     )
 
 
@@ -295,12 +296,18 @@ class RouterSpec(ApiModel):
     )
 
 
+def nixl_tp_compatible(prefill_tp: int, decode_tp: int) -> bool:
+    """Whether NIXL can move KV between these TP degrees: either may be larger, but the larger
+    must be a multiple of the smaller (vLLM's TransferTopology.tp_ratio asserts it at the
+    handshake, in vllm/distributed/kv_transfer/kv_connector/utils.py)."""
+    larger, smaller = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
+    return smaller >= 1 and larger % smaller == 0
+
+
 def _tp_rule_ok(spec: DisaggregatedModelSpec) -> bool:
-    prefill_tp = spec.prefill.tensor_parallel_size
-    decode_tp = spec.decode.tensor_parallel_size
-    if spec.engine.kv_connector == "nixl" and not spec.model.mla:
-        return decode_tp >= prefill_tp
-    return True
+    if spec.engine.kv_connector != "nixl":
+        return True
+    return nixl_tp_compatible(spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size)
 
 
 def _min_gpus(spec: DisaggregatedModelSpec) -> int:
@@ -331,10 +338,13 @@ class DisaggregatedModelSpec(ApiModel):
 
     rules: ClassVar = (
         Rule(
-            cel="self.engine.kvConnector != 'nixl' || self.model.mla || "
-            "self.decode.tensorParallelSize >= self.prefill.tensorParallelSize",
-            message="with the nixl connector, decode.tensorParallelSize must be >= "
-            "prefill.tensorParallelSize (unless model.mla is true)",
+            cel="self.engine.kvConnector != 'nixl' || "
+            "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
+            "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "
+            "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
+            message="with the nixl connector, the larger of prefill.tensorParallelSize and "
+            "decode.tensorParallelSize must be a multiple of the smaller (the engines fail "
+            "the KV handshake otherwise)",
             check=_tp_rule_ok,
             field_path=".decode.tensorParallelSize",
         ),
@@ -396,4 +406,5 @@ __all__ = [
     "ScaleDownBehavior",
     "ScaleUpBehavior",
     "Transport",
+    "nixl_tp_compatible",
 ]

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from disagg.api.spec import nixl_tp_compatible
 from disagg.perf.profiles import GpuProfile, ModelProfile
 from disagg.perf.roofline import (
     EngineShape,
@@ -189,8 +190,8 @@ def _disaggregated(request: PlanRequest, setting: Setting, degrees: list[int]) -
     options = []
     for ptp, prefill_rps in prefill.items():
         for dtp, decode_rps in decode.items():
-            if dtp < ptp and request.model.mla_latent_dim is None:
-                continue  # NIXL moves the KV between TP shards only when decode TP >= prefill TP
+            if not nixl_tp_compatible(ptp, dtp):
+                continue  # the engines would fail the KV handshake
             per_gpu = (
                 1 / (ptp / prefill_rps + dtp / decode_rps) if prefill_rps and decode_rps else 0.0
             )
