@@ -43,7 +43,9 @@ class MetricNames:
     requests: str
     prompt_tokens: str
     prefill_time: str | None
-    """Histogram of the prefill phase alone (scheduled to first token), if the engine has one."""
+    """Histogram of the prefill phase alone (scheduled to first token). SGLang times stages
+    in ``sglang:per_stage_req_latency_seconds{stage=...}`` with stage names that change
+    between versions, so it has none by default (a query override can supply one)."""
 
 
 VLLM: Final = MetricNames(
