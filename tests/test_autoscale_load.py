@@ -116,3 +116,14 @@ def test_decode_step_that_misses_tpot_with_nothing_batched_is_unreachable() -> N
     )
     decision = decide_pool("decode", signals, 2, 2, DECODE, RULES, PoolMemory(), None, NOW)
     assert decision.unreachable is not None and "TP16" in decision.unreachable
+
+
+def test_prompts_slow_only_because_they_are_batched_are_load_not_unreachable() -> None:
+    # Saturated: 20k tokens/s served by one replica, each 1000-token prompt spends 2.5-5 s in
+    # its prefill phase only because 50 others share its steps. Alone it takes 0.05 s.
+    batched = ((2.5, 0.0), (5.0, 100.0), (float("inf"), 100.0))
+    memory = PoolMemory(prefill_speed=20_000, last_queue=(NOW - 15, 10.0))
+    signals = prefill(4.0, 20.0, prefill_seconds=2.5, prefill_buckets=batched, queue=60.0)
+    decision = decide_pool("prefill", signals, 1, 1, PREFILL, RULES, memory, None, NOW)
+    assert decision.unreachable is None, decision.unreachable
+    assert decision.action == "up", decision.reason

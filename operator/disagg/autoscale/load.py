@@ -44,15 +44,13 @@ def feed_forward(
     headroom = sizing.headroom(memory.demand, memory.provisioning, rate * behavior_window)
     if pool == "prefill":
         speed = memory.prefill_speed
-        observed = signals.prefill_seconds
-        if speed is None or not observed or not rate or not signals.prompt_tokens_rate:
+        if speed is None or not rate or not signals.prefill_seconds:
+            return None
+        if not signals.prompt_tokens_rate:
             return None
         mean_prompt = signals.prompt_tokens_rate / rate
         service = mean_prompt / speed
-        # Prefill times observed under load include the prompts batched with them; the
-        # histogram is scaled to one prompt alone by the same factor as the mean.
-        alone = min(1.0, service / observed)
-        buckets = tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
+        buckets = prefill_alone(signals, memory)
         # Engines count what they finished; under saturation arrivals also fill the queue.
         arrivals = (rate + growing) * headroom + (signals.queue or 0.0) / sizing.DRAIN_SECONDS
         budgets = sizing.wait_budgets(policy.slo, buckets, service)
@@ -71,6 +69,23 @@ def feed_forward(
     return Need(
         n, f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})"
     )
+
+
+def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, float], ...]:
+    """The prefill-time histogram as if each prompt were computed alone.
+
+    Under load a prompt's prefill phase includes the prompts batched into its steps; the
+    learned speed says how long the mean prompt takes alone, and every bucket is scaled by
+    the same factor (never up)."""
+    rate, tokens, observed = (
+        signals.request_rate,
+        signals.prompt_tokens_rate,
+        signals.prefill_seconds,
+    )
+    if not memory.prefill_speed or not rate or not tokens or not observed:
+        return signals.prefill_buckets
+    alone = min(1.0, tokens / rate / memory.prefill_speed / observed)
+    return tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
 
 
 def decode_batch(
@@ -93,15 +108,19 @@ def decode_batch(
 
 
 def unreachable(
-    pool: PoolName, signals: Signals, ready: int, policy: PoolPolicy, band: float
-) -> tuple[float, str] | None:
+    pool: PoolName, signals: Signals, ready: int, policy: PoolPolicy, memory: PoolMemory,
+    band: float,
+) -> tuple[float, str] | None:  # fmt: skip
     """(share, message) of requests that miss the SLO at any size on this TP degree."""
     tp = policy.tensor_parallel
     if pool == "prefill":
-        share = sizing.share_above(signals.prefill_buckets, policy.slo)
+        # Prompts slow only because they were batched with others are a load problem, not
+        # this: judge each prompt by its time alone.
+        buckets = prefill_alone(signals, memory)
+        share = sizing.share_above(buckets, policy.slo)
         if share < UNREACHABLE_REPORT:
             return None
-        slowest = sizing.quantile(signals.prefill_buckets, 1 - min(share, 0.01) / 10)
+        slowest = sizing.quantile(buckets, 1 - min(share, 0.01) / 10)
         slow = slowest if slowest is not None else policy.slo
         return share, (
             f"{share:.1%} of prompts take longer than the {policy.slo:g}s TTFT SLO in prefill "

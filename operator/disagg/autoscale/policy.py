@@ -179,7 +179,7 @@ def decide_pool(
         gauges.append(signals.kv_usage / KV_USAGE_TARGET)
     if pool == "decode" and signals.running is not None and policy.max_num_seqs:
         gauges.append(signals.running / replicas / (0.9 * policy.max_num_seqs))
-    slow = None if idle else unreachable(pool, signals, ready, policy, band)
+    slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
     # Requests that miss at any size put the p99 over the SLO on their own once they are 1%:
     # then the p99 says nothing about the pool's size, and load alone decides.
     latency_counts = slow is None or slow[0] < UNREACHABLE_P99
