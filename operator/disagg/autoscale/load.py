@@ -44,9 +44,12 @@ def feed_forward(
     headroom = sizing.headroom(memory.demand, memory.provisioning, rate * behavior_window)
     if pool == "prefill":
         speed = memory.prefill_speed
-        if speed is None or not rate or not signals.prefill_seconds:
-            return None
-        if not signals.prompt_tokens_rate:
+        if (
+            speed is None
+            or not rate
+            or not signals.prefill_seconds
+            or not signals.prompt_tokens_rate
+        ):
             return None
         mean_prompt = signals.prompt_tokens_rate / rate
         service = mean_prompt / speed

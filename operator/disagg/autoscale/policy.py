@@ -166,33 +166,32 @@ def decide_pool(
         if idle
         else feed_forward(pool, signals, policy, memory, growing, ready, behavior.window)
     )
-    gauges = []
+    queue_gauge = 0.0
     if signals.queue and not (fresh and growing <= 0):
         if need is not None and need.drain_per_request and need.wait_budget:
             # How long the backlog takes to drain, against what the SLO leaves for waiting.
             drain = signals.queue * need.drain_per_request / replicas
-            gauges.append(drain / need.wait_budget)
+            queue_gauge = drain / need.wait_budget
         else:
-            gauges.append(signals.queue / replicas / QUEUE_PER_REPLICA_TARGET)
-    queue_gauge = gauges[0] if gauges else 0.0
+            queue_gauge = signals.queue / replicas / QUEUE_PER_REPLICA_TARGET
+    gauges = [queue_gauge] if queue_gauge else []
     if pool == "decode" and signals.kv_usage is not None:
         gauges.append(signals.kv_usage / KV_USAGE_TARGET)
     if pool == "decode" and signals.running is not None and policy.max_num_seqs:
         gauges.append(signals.running / replicas / (0.9 * policy.max_num_seqs))
     slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
-    # Requests that miss at any size put the p99 over the SLO on their own once they are 1%:
-    # then the p99 says nothing about the pool's size, and load alone decides.
-    latency_counts = slow is None or slow[0] < UNREACHABLE_P99
-    latency_counts = latency_counts and not (fresh and latency > 1 + band)
-    pressure = max([latency if latency_counts else 0.0, *gauges])
+    # A p99 over the SLO says nothing about the pool's size when requests that miss at any
+    # size are 1% of the traffic (they alone put it there), and describes the past just after
+    # new replicas arrived (fresh) or while a backlog drains under a load estimate.
+    draining = need is not None and signals.queue is not None and growing <= 0
+    latency_counts = (slow is None or slow[0] < UNREACHABLE_P99) and not (
+        (fresh or draining) and latency > 1 + band
+    )
     # The load estimate already holds the queue, the KV cache and the batch limits; the gauges
     # drive on their own only where there is no estimate (nothing learned yet), except a
     # queue that is long and still growing: work is arriving that the estimate has not seen
     # (longer prompts than the ones finished so far).
     queue_breach = growing > 0 and queue_gauge > 1 + MIN_TOLERANCE
-    # With a load estimate, a p99 over the SLO while the backlog drains describes the past.
-    draining = need is not None and signals.queue is not None and growing <= 0
-    latency_counts = latency_counts and not (draining and latency > 1 + band)
     gauge_breach = queue_breach or (need is None and any(x > 1 + MIN_TOLERANCE for x in gauges))
     breach = (latency_counts and latency > 1 + band) or gauge_breach
     pressure = max([latency if latency_counts else 0.0, *gauges])

@@ -26,7 +26,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Final
 
-from disagg.sim.fleet import FleetConfig, PoolName, simulate
+from disagg.sim.fleet import FleetConfig, PoolName, pools_of, simulate
 from disagg.sim.fleet_policies import SchedulePolicy, StaticPolicy
 from disagg.sim.results import Result
 from disagg.sim.traffic import Request
@@ -60,10 +60,6 @@ class Baseline:
     result: Result
 
 
-def pools_of(config: FleetConfig) -> tuple[PoolName, ...]:
-    return ("decode",) if config.mode == "colocated" else ("prefill", "decode")
-
-
 def window_attainment(
     result: Result, ttft_slo: float, tpot_slo: float, window: float = WINDOW
 ) -> dict[int, tuple[int, int]]:
@@ -71,13 +67,7 @@ def window_attainment(
     windows: dict[int, tuple[int, int]] = {}
     for o in result.outcomes:
         index = int(o.request.arrival // window)
-        met = (
-            o.ttft is not None
-            and o.tpot is not None
-            and o.ttft <= ttft_slo
-            and o.tpot <= tpot_slo
-            and o.tokens >= o.request.output_tokens
-        )
+        met = o.meets(ttft_slo, tpot_slo) and o.tokens >= o.request.output_tokens
         count, good = windows.get(index, (0, 0))
         windows[index] = (count + 1, good + int(met))
     return windows
@@ -121,7 +111,7 @@ class Search:
         self.requests = list(requests)
         self.target = target
         self.executor = executor
-        self.pools = pools_of(config)
+        self.pools = pools_of(config.mode)
         self.cap = {pool: config.bounds[pool][1] for pool in self.pools}
         self.floor = {pool: max(1, config.bounds[pool][0]) for pool in self.pools}
         self.gpus = {

@@ -69,6 +69,11 @@ class PoolStats:
     """The prefill times as a cumulative histogram: (upper bound, count at or below)."""
 
 
+def pools_of(mode: Mode) -> tuple[PoolName, ...]:
+    """The pools a deployment runs: one engine pool colocated, prefill and decode split."""
+    return ("decode",) if mode == "colocated" else ("prefill", "decode")
+
+
 class ScalingPolicy(Protocol):
     """Decides a pool's replica count from its stats (the fleet enforces bounds)."""
 
@@ -141,11 +146,8 @@ class Fleet:
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
         """(time, prompt tokens) of every request a pool finished, in time order."""
-        pools: tuple[PoolName, ...] = (
-            ("decode",) if config.mode == "colocated" else ("prefill", "decode")
-        )
-        self.pools = pools
-        for pool in pools:
+        self.pools = pools_of(config.mode)
+        for pool in self.pools:
             for _ in range(config.replicas[pool]):
                 self._add_engine(pool, ready_at=0.0)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from disagg.sim.fleet import pools_of
 from disagg.sim.results import Result
 from disagg.sim.scenario import Scenario, Summary
 
@@ -19,7 +20,7 @@ def write_timeline(scenario: Scenario, result: Result, summary: Summary, path: P
 
     fig, (ax_r, ax_t, ax_p, ax_l) = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
     t = [s["t"] for s in result.timeline]
-    pools = ("decode",) if scenario.mode == "colocated" else ("prefill", "decode")
+    pools = pools_of(scenario.mode)
     for pool, color in (("prefill", "tab:orange"), ("decode", "tab:blue")):
         if pool in pools:
             replicas = [s.get(f"{pool}_replicas", math.nan) for s in result.timeline]

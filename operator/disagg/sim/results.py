@@ -26,6 +26,11 @@ class Outcome:
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.request.arrival
 
+    def meets(self, ttft_slo: float, tpot_slo: float) -> bool:
+        """Whether the request met both SLOs (a request with no first token did not)."""
+        ttft, tpot = self.ttft, self.tpot
+        return ttft is not None and tpot is not None and ttft <= ttft_slo and tpot <= tpot_slo
+
     @property
     def tpot(self) -> float | None:
         if self.first_token is None or self.last_token is None or self.tokens < 2:
@@ -54,14 +59,7 @@ class Result:
         n = max(1, len(outcomes))
         ttft = sum(1 for o in outcomes if o.ttft is not None and o.ttft <= ttft_slo)
         tpot = sum(1 for o in outcomes if o.tpot is not None and o.tpot <= tpot_slo)
-        both = sum(
-            1
-            for o in outcomes
-            if o.ttft is not None
-            and o.tpot is not None
-            and o.ttft <= ttft_slo
-            and o.tpot <= tpot_slo
-        )
+        both = sum(1 for o in outcomes if o.meets(ttft_slo, tpot_slo))
         return ttft / n, tpot / n, both / n
 
     def goodput_per_gpu(self, ttft_slo: float, tpot_slo: float) -> float:
