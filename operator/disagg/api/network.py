@@ -88,3 +88,11 @@ class NetworkSpec(ApiModel):
         if self.transport != "rdma":
             return None
         return self.rdma or RdmaSpec()
+
+
+def nixl_tp_compatible(prefill_tp: int, decode_tp: int) -> bool:
+    """Whether NIXL can move KV between these TP degrees: either may be larger, but the larger
+    must be a multiple of the smaller (vLLM's TransferTopology.tp_ratio asserts it at the
+    handshake, in vllm/distributed/kv_transfer/kv_connector/utils.py)."""
+    larger, smaller = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
+    return smaller >= 1 and larger % smaller == 0

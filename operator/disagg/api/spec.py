@@ -19,7 +19,7 @@ from disagg.api.autoscaling import (
     ScaleUpBehavior,
 )
 from disagg.api.base import ApiModel, Quantity
-from disagg.api.network import NetworkSpec, RdmaSpec, Transport
+from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
 from disagg.api.rules import Rule
 
 Backend = Literal["vllm", "sglang"]
@@ -296,14 +296,6 @@ class RouterSpec(ApiModel):
     )
 
 
-def nixl_tp_compatible(prefill_tp: int, decode_tp: int) -> bool:
-    """Whether NIXL can move KV between these TP degrees: either may be larger, but the larger
-    must be a multiple of the smaller (vLLM's TransferTopology.tp_ratio asserts it at the
-    handshake, in vllm/distributed/kv_transfer/kv_connector/utils.py)."""
-    larger, smaller = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
-    return smaller >= 1 and larger % smaller == 0
-
-
 def _tp_rule_ok(spec: DisaggregatedModelSpec) -> bool:
     if spec.engine.kv_connector != "nixl":
         return True
@@ -406,5 +398,4 @@ __all__ = [
     "ScaleDownBehavior",
     "ScaleUpBehavior",
     "Transport",
-    "nixl_tp_compatible",
 ]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from disagg.api.spec import nixl_tp_compatible
+from disagg.api.network import nixl_tp_compatible
 from disagg.perf.profiles import GpuProfile, ModelProfile
 from disagg.perf.roofline import (
     EngineShape,
