@@ -36,7 +36,13 @@ from disagg.perf.roofline import (
     step_time,
     transfer_time,
 )
-from disagg.sim.results import Outcome, Result, percentile
+from disagg.sim.results import (
+    Outcome,
+    Result,
+    cumulative_histogram,
+    percentile,
+    prefill_phase_times,
+)
 from disagg.sim.scheduler import Scheduler, SimRequest, Step
 from disagg.sim.traffic import Request
 
@@ -310,7 +316,10 @@ class Fleet:
         else:
             ttfts = [t for o in done_first if (t := o.ttft) is not None]
         tpots = [t for o in done_first if o.tokens > 1 and (t := o.tpot) is not None]
-        prefill_times = self._prefill_times(pool, recent)
+        disaggregated = self.config.mode == "disaggregated"
+        prefill_times = (
+            [] if disaggregated and pool == "decode" else prefill_phase_times(recent, disaggregated)
+        )
         engines = [e for e in self.engines if e.pool == pool and e.removed_at is None]
         serving = self._serving(pool)
         capacity = sum(e.scheduler.kv_capacity for e in serving) or 1
@@ -334,25 +343,8 @@ class Fleet:
             served_rate=len(served) / span,
             prompt_tokens_served_rate=sum(tokens for _, tokens in served) / span,
             prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
-            prefill_buckets=tuple(
-                (bound, float(bisect.bisect_right(prefill_times, bound)))
-                for bound in (*REQUEST_LATENCY_BUCKETS, math.inf)
-            )
-            if prefill_times
-            else (),
+            prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
         )
-
-    def _prefill_times(self, pool: PoolName, recent: Sequence[Outcome]) -> list[float]:
-        """Sorted prefill-phase times of the window's requests that this pool prefilled."""
-        disaggregated = self.config.mode == "disaggregated"
-        if disaggregated and pool == "decode":
-            return []
-        times = []
-        for o in recent:
-            end = o.prefill_done if disaggregated else o.first_token
-            if o.prefill_started is not None and end is not None:
-                times.append(end - o.prefill_started)
-        return sorted(times)
 
     def _scale(self, pool: PoolName, desired: int) -> None:
         low, high = self.config.bounds[pool]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,3 +92,26 @@ def flaps(log: Sequence[tuple[float, str, int, int]], within: float = 300.0) -> 
         if any(p == pool and b2 < a2 and t <= at + within for t, p, b2, a2 in log[index + 1 :]):
             count += 1
     return count
+
+
+def prefill_phase_times(outcomes: Sequence[Outcome], disaggregated: bool) -> list[float]:
+    """Sorted prefill-phase times (first scheduled to prompt done, as vLLM's
+    request_prefill_time measures) of the requests that have one."""
+    times = []
+    for o in outcomes:
+        end = o.prefill_done if disaggregated else o.first_token
+        if o.prefill_started is not None and end is not None:
+            times.append(end - o.prefill_started)
+    return sorted(times)
+
+
+def cumulative_histogram(
+    ordered: Sequence[float], bounds: Sequence[float]
+) -> tuple[tuple[float, float], ...]:
+    """Sorted values as a Prometheus-style cumulative histogram with a +Inf bucket (empty for
+    no values)."""
+    if not ordered:
+        return ()
+    return tuple(
+        (bound, float(bisect.bisect_right(ordered, bound))) for bound in (*bounds, math.inf)
+    )
