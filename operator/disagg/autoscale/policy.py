@@ -202,12 +202,15 @@ def decide_pool(
         if signals.p99 is not None
         else "no latency yet"
     )
-    note = {"unreachable": slow[1] if slow else None, "unreachable_share": slow[0] if slow else 0}
+    share, why_unreachable = slow if slow else (0.0, None)
 
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
             memory.scaled(now, desired > current, behavior.down_window)
-        return Decision(pool, current, desired, action, reason, pressure=pressure, **note)  # type: ignore[arg-type]
+        return Decision(
+            pool, current, desired, action, reason, pressure=pressure,
+            unreachable=why_unreachable, unreachable_share=share,
+        )  # fmt: skip
 
     down_window = max(behavior.down_window, memory.down_window)
     horizon = 2 * max(behavior.up_window, down_window) + 60
