@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import textwrap
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,9 @@ from disagg.perf.roofline import EngineShape
 from disagg.plan.manifest import to_manifest
 from disagg.plan.planner import Option, Plan, PlanRequest, plan
 from disagg.plan.search import Slo
-from disagg.plan.traffic import PlanInputError, Traffic, from_trace, synthetic
+from disagg.plan.sizing import WINDOW
+from disagg.plan.traffic import LENGTH_SPREAD, PlanInputError, Traffic, from_trace, synthetic
+from disagg.plan.verify import verify
 from disagg.sim.traffic import load_trace
 from disagg.yamlio import dump
 
@@ -42,7 +47,34 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--ttft", type=float, help="TTFT SLO, seconds")
     parser.add_argument("--tpot", type=float, help="TPOT SLO, seconds per output token")
     parser.add_argument(
-        "--attainment", type=float, default=0.9, help="fraction of requests meeting both SLOs"
+        "--attainment",
+        type=float,
+        default=0.99,
+        help="fraction of requests meeting both SLOs (default 0.99: the SLOs are p99s)",
+    )
+    parser.add_argument(
+        "--length-spread",
+        type=float,
+        default=LENGTH_SPREAD,
+        help="lognormal sigma of generated prompt and output lengths (without --trace)",
+    )
+    parser.add_argument(
+        "--arrival-cv",
+        type=float,
+        default=1.0,
+        help="coefficient of variation of generated inter-arrival times (1 = Poisson)",
+    )
+    parser.add_argument(
+        "--provisioning-delay",
+        type=float,
+        default=WINDOW,
+        help="seconds a new replica takes to serve: the window whose peak is sized for",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="replay the trace (or newly drawn traffic of the same shape) through the whole "
+        "recommended deployment and print predicted vs replayed attainment",
     )
     parser.add_argument(
         "--trace", type=Path, help="CSV/JSONL trace (arrival, input_tokens, output_tokens)"
@@ -66,20 +98,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.list_models or args.list_gpus:
         print(list_profiles(args.list_models, args.list_gpus), end="")
         return 0
+    started = time.monotonic()
     try:
         request = build_request(args)
-        result = plan(request)
+        with ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as executor:
+            result = plan(request, executor)
+            replay = verify(result, request, executor) if args.verify else None
     except (PlanInputError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         print(f"error: {message}", file=sys.stderr)
         return 1
+    seconds = time.monotonic() - started
     if args.output == "json":
-        print(json.dumps(to_json(result, request), indent=2))
+        report = to_json(result, request)
+        report["planSeconds"] = round(seconds, 2)
+        if replay is not None:
+            report["verify"] = replay.to_json()
+        print(json.dumps(report, indent=2))
     elif args.output == "yaml":
         print(_yaml_comment(result) + dump(to_manifest(result, request, args.name, args.namespace)))
     else:
         print(to_table(result, request), end="")
-    return 0
+        if replay is not None:
+            print(replay.describe())
+        print(f"planned in {seconds:.1f}s")
+    return 0 if replay is None or replay.agrees else 3
 
 
 def build_request(args: argparse.Namespace) -> PlanRequest:
@@ -110,6 +153,10 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
             raise PlanInputError(f"{flag} must be a positive number of seconds, got {value}")
     if not 0 < args.attainment <= 1:
         raise PlanInputError(f"--attainment must be in (0, 1], got {args.attainment}")
+    if not 10 <= args.provisioning_delay <= 3600:
+        raise PlanInputError(
+            f"--provisioning-delay must be 10-3600 seconds, got {args.provisioning_delay}"
+        )
     if args.max_gpus is not None and args.max_gpus < 1:
         raise PlanInputError(f"--max-gpus must be at least 1, got {args.max_gpus}")
     model, gpu = model_profile(args.model), gpu_profile(args.gpu)
@@ -124,19 +171,26 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         Slo(args.ttft, args.tpot, args.attainment),
         args.max_gpus,
         latency,
+        args.provisioning_delay,
     )
 
 
 def _traffic(args: argparse.Namespace) -> Traffic:
     if args.trace is None:
-        return synthetic(args.rate, args.input_tokens, args.output_tokens)
+        return synthetic(
+            args.rate,
+            args.input_tokens,
+            args.output_tokens,
+            spread=args.length_spread,
+            arrival_cv=args.arrival_cv,
+        )
     try:
         requests = load_trace(args.trace)
     except FileNotFoundError:
         raise PlanInputError(f"{args.trace}: no such file") from None
     except (ValueError, OSError) as error:
         raise PlanInputError(str(error)) from None
-    return from_trace(requests, args.rate)
+    return from_trace(requests, args.rate, source=args.trace.name)
 
 
 def list_profiles(models: bool, gpus: bool) -> str:
@@ -172,7 +226,9 @@ def option_json(option: Option) -> dict[str, Any]:
         "decodeReplicas": option.decode_replicas,
         "maxNumBatchedTokens": option.max_num_batched_tokens,
         "gpus": option.gpus,
-        "goodputPerGpu": round(option.goodput_per_gpu, 4),
+        "goodputPerGpu": None if prediction is None else round(option.goodput_per_gpu, 4),
+        "simulated": prediction is not None,
+        "reachesTarget": option.reaches_goal,
         "ttftP99": None if prediction is None else _finite(prediction.ttft_p99, 4),
         "tpotP99": None if prediction is None else _finite(prediction.tpot_p99, 5),
         "attainment": None if prediction is None else round(prediction.attainment, 4),
@@ -186,8 +242,17 @@ def _finite(value: float, digits: int) -> float | None:
 
 
 def to_json(result: Plan, request: PlanRequest) -> dict[str, Any]:
+    sizing = result.chosen.sizing
+    assert sizing is not None
     return {
         "verdict": result.verdict,
+        "targetAttainment": round(sizing.goal, 4),
+        "peakWindows": {
+            pool: {"start": w * request.window, "end": (w + 1) * request.window}
+            for pool, w in sizing.peak_window.items()
+        },
+        "simulatedWindows": len(sizing.simulated_windows),
+        "unreachableRequests": sizing.unreachable,
         "reasons": result.reasons,
         "chosen": option_json(result.chosen),
         "bounds": {pool: {"min": lo, "max": hi} for pool, (lo, hi) in result.bounds.items()},
@@ -196,6 +261,9 @@ def to_json(result: Plan, request: PlanRequest) -> dict[str, Any]:
             "model": request.model.name,
             "gpu": request.gpu.name,
             "network": request.network.name,
+            "traffic": request.traffic.source,
+            "requests": len(request.traffic.trace),
+            "durationSeconds": round(request.traffic.duration, 1),
             "rate": request.traffic.rate,
             "meanInputTokens": round(request.traffic.mean_prompt, 1),
             "meanOutputTokens": round(request.traffic.mean_output, 1),
@@ -213,29 +281,31 @@ def to_table(result: Plan, request: PlanRequest) -> str:
     lines += ["  - " + textwrap.fill(r, 96, subsequent_indent="    ") for r in result.reasons]
     lines += [
         "",
-        f"  {'OPTION':52} {'GOODPUT/GPU':>11} {'GPUS':>5} {'TTFT P99':>9} {'TPOT P99':>9} "
+        f"  {'OPTION':46} {'GOODPUT/GPU':>11} {'GPUS':>5} {'TTFT P99':>9} {'TPOT P99':>9} "
         f"{'IN SLO':>7}",
     ]
-    ranked = sorted(result.options, key=lambda o: (o.mode, -o.goodput_per_gpu))
+    ranked = sorted(result.options, key=lambda o: (o.mode, o.prediction is None, o.gpus))
     for option in ranked:
         p = option.prediction
         mark = "*" if option is result.chosen else " "
-        over = "" if option.within_budget else "  (over --max-gpus)"
-        latency = (
-            f"{p.ttft_p99:8.3f}s {p.tpot_p99 * 1000:7.1f}ms {p.attainment:7.1%}"
-            if p is not None
-            else f"{'-':>9} {'-':>9} {'-':>7}"
-        )
-        lines.append(
-            f"{mark} {option.label:52} {option.goodput_per_gpu:11.2f} {option.gpus:5d} "
-            f"{latency}{over}"
-        )
+        notes = [] if option.within_budget else ["over --max-gpus"]
+        if p is None:
+            notes.append("closed-form size, not simulated")
+            goodput, latency = f"{'-':>11}", f"{'-':>9} {'-':>9} {'-':>7}"
+        else:
+            if not option.reaches_goal:
+                notes.append("misses the target")
+            goodput = f"{option.goodput_per_gpu:11.2f}"
+            latency = f"{p.ttft_p99:8.3f}s {p.tpot_p99 * 1000:7.1f}ms {p.attainment:7.1%}"
+        note = f"  ({'; '.join(notes)})" if notes else ""
+        lines.append(f"{mark} {option.label:46} {goodput} {option.gpus:5d} {latency}{note}")
     bounds = ", ".join(f"{pool} {lo}..{hi}" for pool, (lo, hi) in result.bounds.items())
     lines += [
         "",
         f"autoscaler bounds: {bounds}",
         f"SLO: TTFT {request.slo.ttft:g}s, TPOT "
-        f"{request.slo.tpot * 1000:g}ms for {request.slo.attainment:.0%} of requests",
+        f"{request.slo.tpot * 1000:g}ms for {request.slo.attainment:.1%} of requests "
+        "(--attainment); TTFT/TPOT p99 and IN SLO are predictions from the simulated windows",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,48 +1,59 @@
 """The plan: colocated or disaggregated, which engine shapes, how many replicas, and why (pure).
 
-Every candidate is sized by simulation (:mod:`disagg.plan.search`): colocated engines at each
-TP degree and chunked-prefill token budget, disaggregated prefill and decode engines at each
-TP degree, each replicated to carry the requested rate. The verdict compares the best of
-each mode on goodput per GPU; disaggregation must win by a margin to be worth operating a
-second pool and a KV-transfer path.
+Every candidate shape (colocated engines at each TP degree and chunked-prefill budget;
+prefill and decode engines at each TP pair NIXL accepts) gets a closed-form size for the
+trace's heaviest window, the cheapest of each mode are sized by simulating the trace's peak
+windows (:mod:`disagg.plan.sizing`), and one rule, :func:`split_decision`, picks the mode: a
+split must save GPUs, or match them with more in-SLO requests per GPU, by a margin that pays
+for a second pool and a KV-transfer path. The reasons printed are the numbers that rule used.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Final
 
 from disagg.api.network import nixl_tp_compatible
+from disagg.perf.capacity import decode_capacity, prefill_seconds
 from disagg.perf.profiles import GpuProfile, ModelProfile
 from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
     PrefillChunk,
     StepTime,
+    kv_capacity_tokens,
     step_time,
     transfer_time,
 )
-from disagg.plan.search import (
-    Prediction,
-    Setting,
-    Slo,
-    colocated_goodput,
-    decode_goodput,
-    fits,
-    predict,
-    prefill_goodput,
+from disagg.plan.search import Prediction, Slo
+from disagg.plan.sizing import (
+    MARGIN,
+    UTILIZATION,
+    WINDOW,
+    Candidate,
+    Context,
+    Sizing,
+    pool_loads,
+    reachable,
+    size,
 )
 from disagg.plan.traffic import PlanInputError, Traffic
-from disagg.sim.fleet import FleetConfig, Mode
+from disagg.sim.fleet import Mode, PoolName
 
 TP_DEGREES: Final = (1, 2, 4, 8)
 BUDGETS: Final = (512, 2048, 8192)
 DEFAULT_BUDGET: Final = 2048
 SPLIT_MARGIN: Final = 0.1
-"""Disaggregation must give this much more goodput per GPU than colocation to be chosen."""
-PREDICT_REQUESTS: Final = 400
-HEADROOM: Final = 2
+"""Disaggregation must save this share of GPUs (or add this much goodput per GPU)."""
+FINALISTS: Final = {"colocated": 2, "disaggregated": 2}
+"""Candidates per mode sized by simulation; the rest keep their closed-form size."""
+HOPELESS_MARGIN: Final = 0.05
+"""A colocated shape whose mixed-step TPOT exceeds the SLO by this much is sized last."""
+MAX_NUM_SEQS: Final = 256
+BURST_HEADROOM: Final = 1.5
+"""The autoscaler's maximum: this much above the size for the trace's peak."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,8 @@ class PlanRequest:
     slo: Slo
     max_gpus: int | None = None
     step_time: StepTime = step_time
+    window: float = WINDOW
+    """Seconds a new replica takes to serve: the span a static size must carry."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +80,15 @@ class Option:
     prefill_tp: int = 0
     max_num_batched_tokens: int = 2048
     goodput_per_gpu: float = 0.0
-    """Requests/s per GPU meeting the SLOs, from the per-engine searches."""
+    """Requests/s meeting both SLOs over the trace, per GPU (closed form when not sized)."""
     prefill_replicas: int = 0
     decode_replicas: int = 0
     prediction: Prediction | None = None
+    """From the simulated peak windows; None for a closed-form size."""
     within_budget: bool = True
+    reaches_goal: bool = False
+    """Sized by simulation and meets the plan's target (the best any shape reaches)."""
+    sizing: Sizing | None = field(default=None, compare=False, repr=False)
 
     @property
     def gpus(self) -> int:
@@ -101,35 +118,57 @@ class Plan:
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-def plan(request: PlanRequest) -> Plan:
-    """Search both modes and pick the one with more goodput per GPU (see module doc)."""
-    setting = Setting(request.traffic, request.slo, request.network, request.step_time)
-    degrees = _feasible_degrees(request, setting)
+def plan(request: PlanRequest, executor: Executor | None = None) -> Plan:
+    """Size the cheapest candidates of both modes on the trace and apply the split rule."""
+    context = Context(
+        request.traffic.trace,
+        request.slo.ttft,
+        request.slo.tpot,
+        request.slo.attainment,
+        request.network,
+        request.step_time,
+        window=request.window,
+    )
+    degrees = _feasible_degrees(request)
     _check_slo_reachable(request, degrees)
-    options = _colocated(request, setting, degrees) + _disaggregated(request, setting, degrees)
-    options = [_size(request, setting, option) for option in options]
-    serving = [o for o in options if o.goodput_per_gpu > 0]
+    guessed = [_closed_form(request, context, c) for c in _candidates(request, degrees)]
+    ranked = _ranked(guessed, request.slo.tpot)
+    sizings = _size_promising(context, ranked, executor)
+    finalists = [s.candidate for s in sizings]
+    goal = max(s.goal for s in sizings)
+    sized = [_option(request, s, goal) for s in sizings]
+    options = sized + [g.option for g in guessed if g.candidate not in finalists]
+    hopeless = [g for g in guessed if g.hopeless(request.slo.tpot) and g.candidate not in finalists]
+    serving = [o for o in sized if o.reaches_goal]
     if not serving:
         raise PlanInputError(
             f"no configuration meets TTFT {request.slo.ttft:g}s and TPOT {request.slo.tpot:g}s "
-            f"for {request.slo.attainment:.0%} of requests even at a trickle of traffic; "
-            "relax the SLOs or shorten the requests"
+            f"for {goal:.1%} of this traffic's requests; relax the SLOs or shorten the requests"
         )
     affordable = [o for o in serving if o.within_budget]
     if not affordable:
         cheapest = min(serving, key=lambda o: o.gpus)
         raise PlanInputError(
-            f"{request.traffic.rate:g} req/s needs at least {cheapest.gpus} GPUs "
+            f"the peak of this traffic needs at least {cheapest.gpus} GPUs "
             f"({cheapest.label}); --max-gpus is {request.max_gpus}"
         )
-    best = {mode: _best(affordable, mode) for mode in ("colocated", "disaggregated")}
-    colocated, split = best["colocated"], best["disaggregated"]
-    wins = split is not None and (
-        colocated is None or split.goodput_per_gpu > colocated.goodput_per_gpu * (1 + SPLIT_MARGIN)
-    )
-    chosen = split if wins and split is not None else colocated
-    assert chosen is not None
-    reasons = explain(request, degrees, colocated, split, chosen)
+    colocated, split = _best(affordable, "colocated"), _best(affordable, "disaggregated")
+    if colocated is None or split is None:
+        chosen = colocated or split
+        assert chosen is not None
+        rule = _one_mode_reason(chosen, sized, goal, request.max_gpus)
+    else:
+        wins, rule = split_decision(split, colocated)
+        chosen = split if wins else colocated
+    reasons = explain(request, degrees, colocated, split, chosen, rule)
+    if hopeless:
+        worst = min(hopeless, key=lambda g: g.mixed_tpot)
+        reasons.insert(
+            -1,
+            f"{len(hopeless)} colocated shapes were not simulated: by the closed form, prompt "
+            f"chunks in their decode steps make TPOT about {worst.mixed_tpot * 1000:.1f} ms "
+            f"or more ({worst.option.label}), over the {request.slo.tpot * 1000:g} ms SLO",
+        )
     return Plan(chosen.mode, reasons, chosen, options, _bounds(request, chosen))
 
 
@@ -137,17 +176,221 @@ def engine_shape(request: PlanRequest, tp: int) -> EngineShape:
     return EngineShape(request.model, request.gpu, tp)
 
 
-def _feasible_degrees(request: PlanRequest, setting: Setting) -> list[int]:
+def _feasible_degrees(request: PlanRequest) -> list[int]:
+    """TP degrees within the GPU budget whose KV cache holds the longest request."""
     limit = request.max_gpus or max(TP_DEGREES)
-    degrees = [tp for tp in TP_DEGREES if tp <= limit and fits(engine_shape(request, tp), setting)]
+    longest = request.traffic.longest[1]
+    degrees = [
+        tp
+        for tp in TP_DEGREES
+        if tp <= limit and kv_capacity_tokens(engine_shape(request, tp)) >= longest
+    ]
     if not degrees:
         raise PlanInputError(
             f"{request.model.name} with these request lengths does not fit on "
             f"{min(limit, max(TP_DEGREES))} {request.gpu.name} GPUs (weights "
             f"{request.model.weight_bytes / 1e9:.0f} GB plus the KV cache of the longest "
-            "request); allow more GPUs or pick a larger GPU"
+            f"request, {longest} tokens); allow more GPUs or pick a larger GPU"
         )
     return degrees[:3]
+
+
+def _candidates(request: PlanRequest, degrees: list[int]) -> list[Candidate]:
+    shape = {tp: engine_shape(request, tp) for tp in degrees}
+    colocated = [Candidate("colocated", shape[tp], None, b) for tp in degrees for b in BUDGETS]
+    split = [
+        Candidate("disaggregated", shape[dtp], shape[ptp], DEFAULT_BUDGET)
+        for ptp in degrees
+        for dtp in degrees
+        if nixl_tp_compatible(ptp, dtp)  # otherwise the engines fail the KV handshake
+    ]
+    return colocated + split
+
+
+@dataclass(frozen=True)
+class Guess:
+    """A candidate at its closed-form size, and the share of requests it can serve at all."""
+
+    option: Option
+    candidate: Candidate
+    reachable: float
+    mixed_tpot: float = 0.0
+    """Colocated: the mean inter-token time when prompt chunks share the decode steps."""
+
+    def hopeless(self, tpot_slo: float) -> bool:
+        return self.mixed_tpot > tpot_slo * (1 + HOPELESS_MARGIN)
+
+
+def _closed_form(request: PlanRequest, context: Context, candidate: Candidate) -> Guess:
+    """The candidate at the size its heaviest window needs by the latency model alone."""
+    loads = pool_loads(context, candidate)
+    sizes = {pool: max(1, math.ceil(max(load) / UTILIZATION)) for pool, load in loads.items()}
+    ok = reachable(context, candidate)
+    gpus = candidate.gpus(sizes)
+    duration = max(1e-9, context.requests[-1].arrival - context.requests[0].arrival)
+    option = _shaped(candidate, sizes, goodput_per_gpu=ok.count(True) / duration / gpus)
+    mixed = _mixed_tpot(request, candidate, sizes["decode"]) if candidate.mode == "colocated" else 0
+    return Guess(option, candidate, ok.count(True) / max(1, len(ok)), mixed)
+
+
+def _mixed_tpot(request: PlanRequest, candidate: Candidate, replicas: int) -> float:
+    """A colocated engine's mean inter-token time at the traffic's means: its decode steps
+    carry a prompt chunk for the share of engine time prompts take (Sarathi's stall)."""
+    traffic, shape, step = request.traffic, candidate.decode, request.step_time
+    prompt, output = max(1, round(traffic.mean_prompt)), max(1.0, traffic.mean_output)
+    capacity = decode_capacity(
+        step, shape, prompt, output, request.slo.tpot, kv_capacity_tokens(shape), MAX_NUM_SEQS
+    )
+    prefilling = prefill_seconds(step, shape, prompt, candidate.budget)
+    share = prefilling / (prefilling + capacity.seconds_per_request(output))
+    batch = max(1, round(traffic.rate * output * request.slo.tpot / replicas))
+    contexts = [round(prompt + output / 2)] * batch
+    chunk = [PrefillChunk(min(prompt, candidate.budget))]
+    return share * step(shape, chunk, contexts) + (1 - share) * step(shape, [], contexts)
+
+
+def _shaped(candidate: Candidate, sizes: dict[PoolName, int], **fields: object) -> Option:
+    return Option(
+        candidate.mode,
+        candidate.decode.tp,
+        candidate.prefill.tp if candidate.prefill else 0,
+        candidate.budget,
+        prefill_replicas=sizes.get("prefill", 0),
+        decode_replicas=sizes["decode"],
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def _ranked(guessed: list[Guess], tpot_slo: float) -> dict[str, list[Guess]]:
+    """Per mode, the closed-form candidates cheapest first; behind them the colocated shapes
+    whose prompt chunks alone likely push TPOT past the SLO, and last those that serve fewer
+    requests than the best shape."""
+    best = max(g.reachable for g in guessed)
+    return {
+        mode: sorted(
+            (g for g in guessed if g.candidate.mode == mode),
+            key=lambda g: (
+                max(0.0, best - MARGIN - g.reachable),
+                g.hopeless(tpot_slo),
+                g.option.gpus,
+                g.option.decode_tp + g.option.prefill_tp,
+                g.mixed_tpot,
+            ),
+        )
+        for mode in FINALISTS
+    }
+
+
+def _size_promising(
+    context: Context, ranked: dict[str, list[Guess]], executor: Executor | None
+) -> list[Sizing]:
+    """The best closed-form candidate of each mode by simulation; then the runners-up whose
+    closed-form size, scaled by how far the simulation moved their mode's leader, could still
+    need fewer GPUs. Threads drive the searches, which share ``executor``."""
+
+    def run(guesses: list[Guess], required: float = 0.0) -> list[Sizing]:
+        with ThreadPoolExecutor(max_workers=max(1, len(guesses))) as threads:
+            return list(
+                threads.map(lambda g: size(context, g.candidate, executor, required), guesses)
+            )
+
+    leaders = [guesses[0] for guesses in ranked.values() if guesses]
+    sizings = run(leaders)
+    runners_up = []
+    for leader, sizing in zip(leaders, sizings, strict=True):
+        scale = sizing.gpus / max(1, leader.option.gpus)
+        for guess in ranked[leader.candidate.mode][1 : FINALISTS[leader.candidate.mode]]:
+            if guess.option.gpus * scale < sizing.gpus:
+                runners_up.append(guess)
+    reached = max(s.goal for s in sizings)
+    return sizings + run(runners_up, reached) if runners_up else sizings
+
+
+def _option(request: PlanRequest, sizing: Sizing, goal: float) -> Option:
+    estimate = sizing.estimate
+    prediction = Prediction(
+        estimate.attainment, estimate.ttft_p99, estimate.tpot_p99, sizing.goodput_per_gpu
+    )
+    within = request.max_gpus is None or sizing.gpus <= request.max_gpus
+    return _shaped(
+        sizing.candidate,
+        sizing.sizes,
+        goodput_per_gpu=sizing.goodput_per_gpu,
+        prediction=prediction,
+        within_budget=within,
+        reaches_goal=sizing.estimate.attainment >= goal,
+        sizing=sizing,
+    )
+
+
+def _best(options: list[Option], mode: Mode) -> Option | None:
+    """The fewest GPUs meeting the goal; among those, the most goodput per GPU."""
+    candidates = [o for o in options if o.mode == mode and o.reaches_goal]
+    return min(candidates, key=lambda o: (o.gpus, -o.goodput_per_gpu), default=None)
+
+
+def split_decision(split: Option, colocated: Option) -> tuple[bool, str]:
+    """The one rule: split when it saves SPLIT_MARGIN of the GPUs, or needs no more GPUs and
+    serves SPLIT_MARGIN more in-SLO requests per GPU (a second pool and a KV-transfer path
+    are not free). Returns the decision and the sentence that states it."""
+    saved = colocated.gpus - split.gpus
+    share = saved / colocated.gpus
+    if share >= SPLIT_MARGIN:
+        return True, (
+            f"splitting saves {_gpus(saved)} ({share:.0%}), at least the {SPLIT_MARGIN:.0%} "
+            "a second pool and the KV transfer must earn"
+        )
+    gain = split.goodput_per_gpu / colocated.goodput_per_gpu - 1 if colocated.goodput_per_gpu else 0
+    if saved >= 0 and gain >= SPLIT_MARGIN:
+        return True, (
+            f"splitting needs no more GPUs and serves {gain:.0%} more in-SLO requests per GPU, "
+            f"at least the {SPLIT_MARGIN:.0%} a second pool and the KV transfer must earn"
+        )
+    if saved < 0:
+        return False, (
+            f"splitting needs {_gpus(-saved)} more: too little traffic to keep two separate "
+            "pools busy"
+        )
+    saving = "needs the same GPUs" if saved == 0 else f"saves only {_gpus(saved)} ({share:.0%})"
+    return False, (
+        f"splitting {saving} and serves {gain:+.0%} in-SLO requests per GPU, less than the "
+        f"{SPLIT_MARGIN:.0%} a second pool and the KV transfer must earn"
+    )
+
+
+def _one_mode_reason(chosen: Option, sized: list[Option], goal: float, max_gpus: int | None) -> str:
+    other = [o for o in sized if o.mode != chosen.mode and o.prediction is not None]
+    best = max(other, key=lambda o: o.prediction.attainment if o.prediction else 0, default=None)
+    if best is None or best.prediction is None:
+        return f"{chosen.mode} is the only mode with a shape that fits"
+    if best.reaches_goal:  # it reached the goal but not within the GPU budget
+        return f"{best.mode} needs {_gpus(best.gpus)}, more than --max-gpus {max_gpus}"
+    return (
+        f"{best.mode} reaches only {best.prediction.attainment:.1%} of requests at best "
+        f"({best.label}), short of the {goal:.1%} target"
+    )
+
+
+def _bounds(request: PlanRequest, chosen: Option) -> dict[str, tuple[int, int]]:
+    """Autoscaler bounds from the traffic: the minimum carries the trace's quietest window
+    (in proportion to the peak the size is for), the maximum leaves BURST_HEADROOM above."""
+    bounds: dict[str, tuple[int, int]] = {"prefill": (0, 1)}
+    assert chosen.sizing is not None
+    loads = chosen.sizing.loads
+    for pool, replicas, tp in (
+        ("prefill", chosen.prefill_replicas, chosen.prefill_tp),
+        ("decode", chosen.decode_replicas, chosen.decode_tp),
+    ):
+        if replicas == 0:
+            continue
+        load = [x for x in loads[pool] if x > 0] or [1.0]  # type: ignore[index]
+        low = max(1, min(replicas, math.ceil(replicas * min(load) / max(load))))
+        high = max(replicas + 1, math.ceil(replicas * BURST_HEADROOM))
+        if request.max_gpus is not None:
+            others = chosen.gpus - replicas * tp
+            high = max(replicas, min(high, (request.max_gpus - others) // tp))
+        bounds[pool] = (low, high)
+    return bounds
 
 
 def _check_slo_reachable(request: PlanRequest, degrees: list[int]) -> None:
@@ -170,129 +413,34 @@ def _check_slo_reachable(request: PlanRequest, degrees: list[int]) -> None:
         )
 
 
-def _colocated(request: PlanRequest, setting: Setting, degrees: list[int]) -> list[Option]:
-    """Every TP degree at the default budget, then the other budgets at the best degree."""
-
-    def option(tp: int, budget: int) -> Option:
-        goodput = colocated_goodput(setting, engine_shape(request, tp), budget)
-        return Option("colocated", tp, 0, budget, goodput / tp)
-
-    options = [option(tp, DEFAULT_BUDGET) for tp in degrees]
-    best = max(options, key=lambda o: o.goodput_per_gpu).decode_tp
-    options += [option(best, budget) for budget in BUDGETS if budget != DEFAULT_BUDGET]
-    return options
-
-
-def _disaggregated(request: PlanRequest, setting: Setting, degrees: list[int]) -> list[Option]:
-    smallest = engine_shape(request, degrees[0])
-    prefill = {tp: prefill_goodput(setting, engine_shape(request, tp), smallest) for tp in degrees}
-    decode = {tp: decode_goodput(setting, engine_shape(request, tp), smallest) for tp in degrees}
-    options = []
-    for ptp, prefill_rps in prefill.items():
-        for dtp, decode_rps in decode.items():
-            if not nixl_tp_compatible(ptp, dtp):
-                continue  # the engines would fail the KV handshake
-            per_gpu = (
-                1 / (ptp / prefill_rps + dtp / decode_rps) if prefill_rps and decode_rps else 0.0
-            )
-            option = Option("disaggregated", dtp, ptp, 2048, per_gpu)
-            option = replace(
-                option,
-                prefill_replicas=_replicas(request.traffic.rate, prefill_rps),
-                decode_replicas=_replicas(request.traffic.rate, decode_rps),
-            )
-            options.append(option)
-    return options
-
-
-def _replicas(rate: float, per_engine: float) -> int:
-    return math.ceil(rate / per_engine) if per_engine > 0 else 0
-
-
-def _size(request: PlanRequest, setting: Setting, option: Option) -> Option:
-    """Replicate to the rate (colocated: rate / per-engine goodput) and predict latencies."""
-    if option.goodput_per_gpu <= 0:
-        return option
-    if option.mode == "colocated":
-        per_engine = option.goodput_per_gpu * option.decode_tp
-        option = replace(option, decode_replicas=_replicas(request.traffic.rate, per_engine))
-    within = request.max_gpus is None or option.gpus <= request.max_gpus
-    config = FleetConfig(
-        option.mode,
-        engine_shape(request, option.decode_tp),
-        prefill_shape=engine_shape(request, option.prefill_tp) if option.prefill_tp else None,
-        replicas={"prefill": option.prefill_replicas, "decode": option.decode_replicas},
-        budget={"prefill": 8192, "decode": option.max_num_batched_tokens},
-        network=request.network,
-        step_time=request.step_time,
-    )
-    prediction = predict(setting, config, PREDICT_REQUESTS)
-    return replace(option, prediction=prediction, within_budget=within)
-
-
-def _best(options: list[Option], mode: Mode) -> Option | None:
-    """The fewest GPUs carrying the rate; among those, the most goodput per GPU."""
-    candidates = [o for o in options if o.mode == mode]
-    return min(candidates, key=lambda o: (o.gpus, -o.goodput_per_gpu), default=None)
-
-
-def split_wins(split: Option, colocated: Option) -> bool:
-    """Splitting must save GPUs at this rate, or match them with more goodput per GPU;
-    either by SPLIT_MARGIN, to pay for a second pool and a KV-transfer path."""
-    if split.gpus * (1 + SPLIT_MARGIN) <= colocated.gpus:
-        return True
-    return split.gpus <= colocated.gpus and split.goodput_per_gpu > colocated.goodput_per_gpu * (
-        1 + SPLIT_MARGIN
-    )
-
-
-def _bounds(request: PlanRequest, chosen: Option) -> dict[str, tuple[int, int]]:
-    """Autoscaler bounds: at least one replica, at most HEADROOM times the planned count."""
-    bounds = {}
-    for pool, replicas, tp in (
-        ("prefill", chosen.prefill_replicas, chosen.prefill_tp),
-        ("decode", chosen.decode_replicas, chosen.decode_tp),
-    ):
-        if replicas == 0:
-            bounds[pool] = (0, 1)
-            continue
-        high = max(replicas + 1, replicas * HEADROOM)
-        if request.max_gpus is not None:
-            others = chosen.gpus - replicas * tp
-            high = max(replicas, min(high, (request.max_gpus - others) // tp))
-        bounds[pool] = (1, high)
-    return bounds
-
-
 def explain(
     request: PlanRequest,
     degrees: list[int],
     colocated: Option | None,
     split: Option | None,
     chosen: Option,
+    rule: str,
 ) -> list[str]:
     """Plain-words reasons for the verdict, from the quantities that decide it."""
     traffic, slo = request.traffic, request.slo
     shape = engine_shape(request, degrees[0])
     prompt = max(1, round(traffic.mean_prompt))
     prefill_s = request.step_time(shape, [PrefillChunk(prompt)], [])
-    reasons = []
+    reasons = [f"traffic: {traffic.describe()}"]
+    assert chosen.sizing is not None
+    reasons.append(_peak_reason(request, chosen.sizing))
+    unreachable = _unreachable_reason(request, chosen, degrees)
+    if unreachable:
+        reasons.append(unreachable)
+    target = f"{chosen.sizing.goal:.1%} of requests"
     if colocated is not None and split is not None:
-        ratio = split.goodput_per_gpu / colocated.goodput_per_gpu
         reasons.append(
-            f"goodput per GPU at full load: disaggregated {split.goodput_per_gpu:.2f} req/s "
-            f"vs colocated {colocated.goodput_per_gpu:.2f} ({ratio:.2f}x); splitting has to "
-            f"win by {SPLIT_MARGIN:.0%} to pay for a second pool and the KV transfer"
+            f"for {target} within both SLOs: disaggregated needs {_gpus(split.gpus)} "
+            f"({split.label}), colocated {_gpus(colocated.gpus)} ({colocated.label}); "
+            f"in-SLO requests/s per GPU {split.goodput_per_gpu:.2f} vs "
+            f"{colocated.goodput_per_gpu:.2f}"
         )
-        reasons.append(
-            f"at {traffic.rate:g} req/s: disaggregated needs {_gpus(split.gpus)} "
-            f"({split.label}), colocated {_gpus(colocated.gpus)} ({colocated.label})"
-            + (
-                ": too little traffic to keep two separate pools busy"
-                if split.gpus > colocated.gpus
-                else ""
-            )
-        )
+    reasons.append(rule)
     stall = prefill_s / slo.tpot
     if stall >= 1:
         reasons.append(
@@ -314,7 +462,7 @@ def explain(
     )
     concurrency = traffic.rate * traffic.mean_output * slo.tpot
     reasons.append(
-        f"at {traffic.rate:g} req/s with {traffic.mean_output:.0f} output tokens each, about "
+        f"at {traffic.rate:.3g} req/s with {traffic.mean_output:.0f} output tokens each, about "
         f"{concurrency:.0f} requests are decoding at any moment"
         + (
             ": low concurrency leaves little to gain from a dedicated decode pool"
@@ -323,8 +471,81 @@ def explain(
         )
     )
     verdict = "disaggregate" if chosen.mode == "disaggregated" else "stay colocated"
-    reasons.append(f"verdict: {verdict}, {chosen.label} ({_gpus(chosen.gpus)})")
+    reasons.append(f"verdict: {verdict}, {chosen.label} ({_gpus(chosen.gpus)}), because {rule}")
     return reasons
+
+
+def _peak_reason(request: PlanRequest, sizing: Sizing) -> str:
+    """Which window set each pool's size, and what was in it."""
+    window = request.window
+    by_window: dict[int, list[str]] = {}
+    for pool, w in sizing.peak_window.items():
+        name = "engine" if sizing.candidate.mode == "colocated" else pool
+        by_window.setdefault(w, []).append(name)
+    parts = []
+    for w, names in by_window.items():
+        inside = [r for r in request.traffic.trace if int(r.arrival // window) == w]
+        pools = " and ".join(names) + (" pools" if len(names) > 1 else " pool")
+        parts.append(
+            f"the {pools} by the window at {w * window:.0f}-{(w + 1) * window:.0f}s "
+            f"({len(inside) / window:.3g} req/s, "
+            f"{sum(r.prompt_tokens for r in inside) / window:.0f} prompt tokens/s, "
+            f"{sum(r.output_tokens for r in inside) / window:.0f} output tokens/s)"
+        )
+    return (
+        f"sized for the peak over one provisioning delay ({window:g}s windows): "
+        + "; ".join(parts)
+        + f"; {len(sizing.simulated_windows)} of {max(1, len(sizing.loads['decode']))} windows "
+        "simulated (the peaks, their build-up and a median one), the rest interpolated by load"
+    )
+
+
+def _unreachable_reason(request: PlanRequest, chosen: Option, degrees: list[int]) -> str:
+    """The requests no size serves on the chosen shape, and the TP degree that would."""
+    sizing = chosen.sizing
+    assert sizing is not None
+    if not sizing.unreachable:
+        return ""
+    candidate = sizing.candidate
+    share = sizing.unreachable / max(1, sizing.requests)
+    context = Context(
+        request.traffic.trace,
+        request.slo.ttft,
+        request.slo.tpot,
+        request.slo.attainment,
+        request.network,
+        request.step_time,
+    )
+    served_by = ""
+    prefill_tp = candidate.prefill.tp if candidate.prefill else candidate.decode.tp
+    for tp in TP_DEGREES:
+        if tp <= prefill_tp or (request.max_gpus and tp > request.max_gpus):
+            continue
+        wider = Candidate(
+            candidate.mode,
+            engine_shape(request, tp) if candidate.mode == "colocated" else candidate.decode,
+            engine_shape(request, tp) if candidate.prefill else None,
+            candidate.budget,
+        )
+        still = reachable(context, wider).count(False)
+        served_by = (
+            f"; TP{tp} would serve {sizing.unreachable - still} of them"
+            if still < sizing.unreachable
+            else ""
+        )
+        if served_by:
+            break
+    return (
+        f"{sizing.unreachable} requests ({share:.1%}) cannot meet the SLOs at any size on "
+        f"TP{prefill_tp}: alone on an idle engine their prompt takes longer than TTFT "
+        f"{request.slo.ttft:g}s to prefill (or a decode step longer than TPOT)"
+        + (
+            f", so the target becomes {sizing.goal:.1%}, half a point under the ceiling"
+            if sizing.goal < request.slo.attainment
+            else ""
+        )
+        + (served_by or f"; no TP degree up to {max(TP_DEGREES)} serves them")
+    )
 
 
 def _gpus(count: int) -> str:
