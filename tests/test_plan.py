@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
+from disagg.api.network import nixl_tp_compatible
 from disagg.api.resource import parse_model
 from disagg.cli import main
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, model_profile
 from disagg.perf.fitted import DISTSERVE_OPT13B_A100
 from disagg.plan.manifest import to_manifest
-from disagg.plan.planner import PlanRequest, plan
+from disagg.plan.planner import Option, Plan, PlanRequest, plan, split_decision
 from disagg.plan.search import Slo, max_rate
-from disagg.plan.traffic import PlanInputError, synthetic
+from disagg.plan.traffic import PlanInputError, from_trace, synthetic
+from disagg.plan.verify import verify
 from disagg.sim.fleet import FleetConfig, simulate
+from disagg.sim.traffic import Request
 from disagg.yamlio import load_all
 
 
@@ -58,15 +62,32 @@ def _request(network: str, rate: float, prompt: int, output: int, ttft: float, t
         model_profile("llama-3.1-8b"),
         gpu_profile(kw.pop("gpu", "h100")),
         NETWORKS[network],
-        synthetic(rate, prompt, output),
-        Slo(ttft, tpot),
+        kw.pop("traffic", None) or synthetic(rate, prompt, output),
+        Slo(ttft, tpot, 0.99),
         **kw,
     )
 
 
+def _follows_its_rule(result: Plan) -> bool:
+    """The verdict is split_decision's, and the reasons print the sentence it returned."""
+    best = {
+        mode: min(
+            (o for o in result.options if o.mode == mode and o.reaches_goal),
+            key=lambda o: (o.gpus, -o.goodput_per_gpu),
+            default=None,
+        )
+        for mode in ("colocated", "disaggregated")
+    }
+    colocated, split = best["colocated"], best["disaggregated"]
+    if colocated is None or split is None:
+        return result.chosen in (colocated, split)
+    wins, rule = split_decision(split, colocated)
+    return (wins == (result.verdict == "disaggregated")) and result.reasons[-1].endswith(rule)
+
+
 def test_short_prompts_over_tcp_stay_colocated_and_long_prompts_over_rdma_split() -> None:
     short = _request("tcp", 2.0, 128, 128, 1.0, 0.1, gpu="a100", max_gpus=2)
-    long = _request("ib400", 20.0, 8000, 300, 2.0, 0.015)
+    long = _request("ib400", 4.0, 12000, 300, 3.0, 0.015)
     short_plan, long_plan = plan(short), plan(long)
 
     assert short_plan.verdict == "colocated"
@@ -77,21 +98,85 @@ def test_short_prompts_over_tcp_stay_colocated_and_long_prompts_over_rdma_split(
     assert long_plan.verdict == "disaggregated"
     chosen = long_plan.chosen
     assert chosen.prefill_replicas >= 1 and chosen.decode_replicas >= 1
-    assert chosen.decode_tp >= chosen.prefill_tp  # NIXL's TP rule holds for the plan
+    assert nixl_tp_compatible(chosen.prefill_tp, chosen.decode_tp)
     assert any("stalls the decodes" in r for r in long_plan.reasons)
-    # The recommendation meets the SLOs in a simulation of the whole deployment.
-    assert chosen.prediction is not None and chosen.prediction.attainment >= 0.9
-    assert chosen.prediction.tpot_p99 <= 0.015
-    low, high = long_plan.bounds["prefill"]
-    assert low <= chosen.prefill_replicas <= high
-
+    # The recommendation meets the SLOs when all of its traffic is replayed.
+    replay = verify(long_plan, long)
+    assert replay.replayed >= 0.99 and replay.agrees and replay.tpot_p99 <= 0.015
     for result, request in ((short_plan, short), (long_plan, long)):
+        assert _follows_its_rule(result)
+        for option in result.options:  # nothing listed that serves no one
+            assert option.decode_replicas >= 1 and option.gpus >= 1
+            assert option.mode == "colocated" or option.prefill_replicas >= 1
         manifest = to_manifest(result, request, name="planned")
         model = parse_model(manifest)  # what `disagg validate` runs
         assert model.spec.prefill.replicas == result.chosen.prefill_replicas
         assert model.spec.autoscaling.enabled
+    low, high = long_plan.bounds["prefill"]
+    assert low <= chosen.prefill_replicas < high
     colocated_yaml = to_manifest(short_plan, short)
     assert colocated_yaml["spec"]["router"]["prefillThresholdTokens"] > 128 * 8
+
+
+def test_the_verdict_rule_and_its_sentence() -> None:
+    def option(mode: str, gpus: int, goodput: float) -> Option:
+        if mode == "colocated":
+            return Option("colocated", 1, decode_replicas=gpus, goodput_per_gpu=goodput)
+        return Option("disaggregated", 1, 1, prefill_replicas=gpus - 1, decode_replicas=1,
+                      goodput_per_gpu=goodput)  # fmt: skip
+
+    assert split_decision(option("split", 9, 1.0), option("colocated", 10, 1.0))[0]
+    assert not split_decision(option("split", 10, 1.05), option("colocated", 10, 1.0))[0]
+    wins, why = split_decision(option("split", 10, 1.2), option("colocated", 10, 1.0))
+    assert wins and "20% more in-SLO requests per GPU" in why
+    wins, why = split_decision(option("split", 3, 2.0), option("colocated", 2, 1.0))
+    assert not wins and "too little traffic" in why
+
+
+def _wave_trace(seed: int = 7) -> list[Request]:
+    """Chat at 3 req/s for 20 minutes; from minute 8 to 12 half the prompts are 12k tokens."""
+    rng = random.Random(seed)
+    requests, t = [], 0.0
+    while (t := t + rng.expovariate(3.0)) < 1200:
+        wave = 480 <= t < 720 and rng.random() < 0.5
+        prompt = rng.randint(10000, 14000) if wave else min(6000, int(rng.lognormvariate(6.3, 0.8)))
+        requests.append(Request(t, prompt, min(800, int(rng.lognormvariate(4.8, 0.7)) + 1)))
+    return requests
+
+
+def test_a_trace_is_sized_for_its_peak_window_not_its_mean() -> None:
+    trace = from_trace(_wave_trace(), source="wave.csv")
+    on_trace = _request("ib400", 0, 0, 0, 1.5, 0.05, traffic=trace)
+    on_means = _request(
+        "ib400", 0, 0, 0, 1.5, 0.05,
+        traffic=synthetic(trace.rate, round(trace.mean_prompt), round(trace.mean_output)),
+    )  # fmt: skip
+    planned, naive = plan(on_trace), plan(on_means)
+    assert _follows_its_rule(planned)
+    assert any("by the window at" in r and "wave.csv" not in r for r in planned.reasons)
+    peak = planned.chosen.sizing
+    assert peak is not None and all(480 <= w * 120 < 720 for w in peak.peak_window.values())
+    replay = verify(planned, on_trace)
+    assert replay.replayed >= 0.99 and replay.agrees
+    # The size a plan from the means recommends, replayed on the trace, misses the wave.
+    assert naive.chosen.gpus < planned.chosen.gpus
+    low, high = planned.bounds["decode" if planned.verdict == "colocated" else "prefill"]
+    assert low < high and low <= max(
+        planned.chosen.prefill_replicas, planned.chosen.decode_replicas
+    )
+
+
+def test_prompts_no_size_can_serve_are_reported_with_the_tp_that_would() -> None:
+    rng = random.Random(3)
+    requests = [Request(i / 2, 60000 if i % 25 == 0 else rng.randint(200, 2000), 100)
+                for i in range(1200)]  # fmt: skip
+    request = _request("ib400", 0, 0, 0, 1.0, 0.05, traffic=from_trace(requests), max_gpus=8)
+    result = plan(request)
+    (reason,) = [r for r in result.reasons if "cannot meet the SLOs at any size" in r]
+    assert "48 requests (4.0%)" in reason and "would serve" in reason
+    sizing = result.chosen.sizing
+    assert sizing is not None and sizing.goal < 0.99  # judged against what can be served
+    assert verify(result, request).replayed >= sizing.goal - 0.005
 
 
 def test_plan_cli_json_and_yaml_outputs_are_usable(
@@ -162,3 +247,34 @@ def test_a_trace_sets_the_rate_and_lengths(
 def test_rejecting_bad_traffic_numbers() -> None:
     with pytest.raises(PlanInputError, match="--input-tokens must be at least 1"):
         synthetic(1.0, 0, 10)
+
+
+def test_plan_verify_and_simulate_report_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "wave.csv"
+    rows = [f"{r.arrival:.3f},{r.prompt_tokens},{r.output_tokens}" for r in _wave_trace(11)]
+    trace.write_text("arrival,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--network", "ib400", "--trace", str(trace),
+            "--ttft", "1.5", "--tpot", "0.05", "--verify", "-o", "json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verify"]["agrees"] and report["verify"]["replayedAttainment"] >= 0.99
+    assert report["input"]["traffic"] == "wave.csv" and report["targetAttainment"] == 0.99
+    assert all(o["gpus"] >= 1 for o in report["options"])
+    chosen = report["chosen"]
+    argv = ["simulate", "--trace", str(trace), "--policy", "static", "--json", "--ttft", "1.5", "--tpot", "0.05",
+            "--mode", chosen["mode"], "--decode-tp", str(chosen["decodeTensorParallelSize"]),
+            "--decode-replicas", str(chosen["decodeReplicas"]),
+            "--prefill-tp", str(chosen["prefillTensorParallelSize"] or 1),
+            "--prefill-replicas", str(chosen["prefillReplicas"]),
+            "--max-num-batched-tokens", str(chosen["maxNumBatchedTokens"])]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    scenario = summary["scenario"]
+    assert scenario["trace"]["name"] == "wave.csv" and scenario["trace"]["requests"] == len(rows)
+    assert "workload" not in scenario and "rate" not in scenario
+    # The same deployment `disagg simulate` replays is what --verify replayed.
+    assert summary["attainment"]["both"] == pytest.approx(
+        report["verify"]["replayedAttainment"], abs=0.0005
+    )

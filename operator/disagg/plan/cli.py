@@ -103,12 +103,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         request = build_request(args)
         with ProcessPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as executor:
             result = plan(request, executor)
+            seconds = time.monotonic() - started
             replay = verify(result, request, executor) if args.verify else None
     except (PlanInputError, KeyError) as error:
         message = error.args[0] if isinstance(error, KeyError) else str(error)
         print(f"error: {message}", file=sys.stderr)
         return 1
-    seconds = time.monotonic() - started
     if args.output == "json":
         report = to_json(result, request)
         report["planSeconds"] = round(seconds, 2)
@@ -120,7 +120,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(to_table(result, request), end="")
         if replay is not None:
-            print(replay.describe())
+            print(replay.describe(), end="")
         print(f"planned in {seconds:.1f}s")
     return 0 if replay is None or replay.agrees else 3
 

@@ -404,13 +404,22 @@ def size(
         if not suspects:
             break
         evaluator.use(evaluator.sample | suspects)
+    sample = tuple(sorted(evaluator.sample))
+    if ceiling is not None and goal >= required:
+        # The target is out of reach, so the goal hangs on the ceiling: half a point of
+        # sampling error there is half a point of goal. Judge the size on the whole trace.
+        whole = Evaluator(context, candidate, ok, loads, executor)
+        whole.use(set(range(context.windows)))
+        sizes, estimate, ceiling, goal = _polish(whole, sizes, _cap(sizes), required)
+        evaluator.evaluations += whole.evaluations
+        sample = tuple(range(context.windows))
     return Sizing(
         candidate,
         sizes,
         estimate,
         ceiling,
         goal,
-        tuple(sorted(evaluator.sample)),
+        sample,
         peak,
         loads,
         ok.count(False),
@@ -418,6 +427,48 @@ def size(
         context.requests[-1].arrival - context.requests[0].arrival if context.requests else 0.0,
         evaluator.evaluations,
     )
+
+
+def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
+    """The size the ceiling is measured at: twice as large, and two more."""
+    return {pool: min(MAX_REPLICAS, 2 * n + 2) for pool, n in sizes.items()}
+
+
+def _polish(
+    whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], required: float
+) -> tuple[dict[PoolName, int], Estimate, float, float]:
+    """One replica at a time on the whole trace: up while the goal is missed, then down
+    while it is still met."""
+    ceiling = whole.estimates([cap])[0].attainment
+    goal = min(whole.context.target, ceiling - MARGIN)
+    estimate = whole.estimates([sizes])[0]
+    while estimate.attainment < goal and goal >= required:
+        pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
+        if pool is None:
+            break
+        sizes = {**sizes, pool: sizes[pool] + 1}
+        estimate = whole.estimates([sizes])[0]
+    while estimate.attainment >= goal:
+        trials = [{**sizes, p: sizes[p] - 1} for p in sizes if sizes[p] > 1]
+        passing = [
+            (whole.candidate.gpus(t), -e.attainment, i, t, e)
+            for i, (t, e) in enumerate(zip(trials, whole.estimates(trials), strict=True))
+            if e.attainment >= goal
+        ]
+        if not passing:
+            break
+        _, _, _, sizes, estimate = min(passing)
+    return sizes, estimate, ceiling, goal
+
+
+def _culprit(estimate: Estimate, raisable: list[PoolName]) -> PoolName | None:
+    """The pool to raise: prefill for TTFT misses, decode for TPOT misses."""
+    order = (
+        ["prefill", "decode"]
+        if estimate.ttft_misses >= estimate.tpot_misses
+        else ["decode", "prefill"]
+    )
+    return next((p for p in order if p in raisable), None)
 
 
 def _median(load: list[float]) -> int:
@@ -434,7 +485,7 @@ def _search(
     """Up by bisection between the first guess and the cap until the goal is met, then each
     pool down while it still is, in strides that halve."""
     pools = evaluator.candidate.pools
-    cap = {pool: min(MAX_REPLICAS, 2 * start[pool] + 2) for pool in pools}
+    cap = _cap(start)
     ok = evaluator.ok
     goal = min(evaluator.context.target, ok.count(True) / max(1, len(ok)) - MARGIN)
     ceiling: float | None = None

@@ -97,6 +97,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cpu = time.process_time() - started
     summary = summarize(scenario, result)
     values = {**summary.values, "cpuSeconds": round(cpu, 2)}
+    if args.trace is not None:  # the synthetic-traffic settings were not used
+        described = {k: v for k, v in values["scenario"].items() if k not in SYNTHETIC_ONLY}
+        values["scenario"] = {**described, "trace": trace_stats(args.trace.name, requests)}
     if args.out is not None:
         from disagg.sim.plots import write_timeline
 
@@ -122,6 +125,40 @@ def _requests(args: argparse.Namespace, scenario: Scenario) -> list[Request]:
     return load_trace(args.trace)
 
 
+SYNTHETIC_ONLY = frozenset({"workload", "rate", "duration", "shape", "seed"})
+
+
+def trace_stats(name: str, requests: list[Request]) -> dict[str, Any]:
+    """What a replayed trace holds: its name, span, rate and token statistics."""
+    span = requests[-1].arrival - requests[0].arrival if len(requests) > 1 else 0.0
+
+    def stats(values: list[int]) -> dict[str, float]:
+        ordered = sorted(values)
+        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0
+        return {"mean": round(sum(ordered) / max(1, len(ordered)), 1), "p99": p99}
+
+    return {
+        "name": name,
+        "requests": len(requests),
+        "durationSeconds": round(span, 1),
+        "rate": round((len(requests) - 1) / span, 4) if span > 0 else 0.0,
+        "promptTokens": stats([r.prompt_tokens for r in requests]),
+        "outputTokens": stats([r.output_tokens for r in requests]),
+    }
+
+
+def _traffic_row(s: dict[str, Any]) -> str:
+    trace = s.get("trace")
+    if trace is None:
+        return f"{s['workload']} {s['shape']} at {s['rate']:g} req/s for {s['duration']:g}s"
+    return (
+        f"trace {trace['name']}: {trace['requests']} requests over "
+        f"{trace['durationSeconds']:g}s ({trace['rate']:g} req/s), prompt tokens mean "
+        f"{trace['promptTokens']['mean']:g} (p99 {trace['promptTokens']['p99']}), output "
+        f"mean {trace['outputTokens']['mean']:g} (p99 {trace['outputTokens']['p99']})"
+    )
+
+
 def table(values: dict[str, Any]) -> str:
     s, a = values["scenario"], values["attainment"]
     pools = (
@@ -135,7 +172,7 @@ def table(values: dict[str, Any]) -> str:
 
     rows = [
         ("deployment", f"{s['mode']}, {pools}, {s['model']} on {s['gpu']}, {s['network']}"),
-        ("traffic", f"{s['workload']} {s['shape']} at {s['rate']:g} req/s for {s['duration']:g}s"),
+        ("traffic", _traffic_row(s)),
         ("policy", f"{s['policy']} (provisioning delay {s['provisioning_delay']:g}s)"),
         ("requests", f"{values['requests']} ({values['finished']} finished)"),
         ("SLO attainment", f"{a['both']:.1%} (TTFT {a['ttft']:.1%}, TPOT {a['tpot']:.1%})"),
