@@ -168,15 +168,21 @@ def test_a_trace_is_sized_for_its_peak_window_not_its_mean() -> None:
 
 def test_prompts_no_size_can_serve_are_reported_with_the_tp_that_would() -> None:
     rng = random.Random(3)
-    requests = [Request(i / 2, 60000 if i % 25 == 0 else rng.randint(200, 2000), 100)
-                for i in range(1200)]  # fmt: skip
-    request = _request("ib400", 0, 0, 0, 1.0, 0.05, traffic=from_trace(requests), max_gpus=8)
-    result = plan(request)
+    requests = [Request(i * 1.5, 24000 if i % 25 == 0 else rng.randint(200, 2000), 100)
+                for i in range(800)]  # fmt: skip
+    traffic = from_trace(requests)
+    one_gpu = _request("ib400", 0, 0, 0, 1.0, 0.05, traffic=traffic, max_gpus=1)
+    result = plan(one_gpu)
     (reason,) = [r for r in result.reasons if "cannot meet the SLOs at any size" in r]
-    assert "48 requests (4.0%)" in reason and "would serve" in reason
+    assert "32 requests (4.0%)" in reason and "on TP1" in reason
+    assert "TP2 (more GPUs than --max-gpus) would serve 32 of them" in reason
     sizing = result.chosen.sizing
     assert sizing is not None and sizing.goal < 0.99  # judged against what can be served
-    assert verify(result, request).replayed >= sizing.goal - 0.005
+    assert verify(result, one_gpu).replayed >= sizing.goal - 0.005
+    # Given the GPUs, the plan picks a shape whose prefill is fast enough for them all.
+    free = plan(_request("ib400", 0, 0, 0, 1.0, 0.05, traffic=traffic))
+    assert not any("cannot meet the SLOs at any size" in r for r in free.reasons)
+    assert max(free.chosen.prefill_tp, free.chosen.decode_tp) >= 2
 
 
 def test_plan_cli_json_and_yaml_outputs_are_usable(

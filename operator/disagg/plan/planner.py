@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from disagg.api.network import nixl_tp_compatible
-from disagg.perf.capacity import decode_capacity, prefill_seconds
 from disagg.perf.profiles import GpuProfile, ModelProfile
 from disagg.perf.roofline import (
     EngineShape,
@@ -27,11 +26,12 @@ from disagg.perf.roofline import (
     step_time,
     transfer_time,
 )
-from disagg.plan.search import Prediction, Slo
+from disagg.plan.search import Slo
 from disagg.plan.sizing import (
     MARGIN,
     UTILIZATION,
     WINDOW,
+    Bar,
     Candidate,
     Context,
     Sizing,
@@ -49,7 +49,7 @@ SPLIT_MARGIN: Final = 0.1
 """Disaggregation must save this share of GPUs (or add this much goodput per GPU)."""
 FINALISTS: Final = {"colocated": 2, "disaggregated": 2}
 """Candidates per mode sized by simulation; the rest keep their closed-form size."""
-HOPELESS_MARGIN: Final = 0.05
+HOPELESS_MARGIN: Final = 0.0
 """A colocated shape whose mixed-step TPOT exceeds the SLO by this much is sized last."""
 MAX_NUM_SEQS: Final = 256
 BURST_HEADROOM: Final = 1.5
@@ -69,6 +69,16 @@ class PlanRequest:
     step_time: StepTime = step_time
     window: float = WINDOW
     """Seconds a new replica takes to serve: the span a static size must carry."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A sized deployment judged on the trace's simulated windows."""
+
+    attainment: float
+    ttft_p99: float
+    tpot_p99: float
+    goodput_per_gpu: float
 
 
 @dataclass(frozen=True)
@@ -234,19 +244,19 @@ def _closed_form(request: PlanRequest, context: Context, candidate: Candidate) -
 
 
 def _mixed_tpot(request: PlanRequest, candidate: Candidate, replicas: int) -> float:
-    """A colocated engine's mean inter-token time at the traffic's means: its decode steps
-    carry a prompt chunk for the share of engine time prompts take (Sarathi's stall)."""
+    """A colocated engine's mean inter-token time at the traffic's means: each second it runs
+    its prompts' chunks in mixed steps and fills the rest with decode-only steps (Sarathi's
+    stall). Infinite when the chunks alone take the whole second."""
     traffic, shape, step = request.traffic, candidate.decode, request.step_time
     prompt, output = max(1, round(traffic.mean_prompt)), max(1.0, traffic.mean_output)
-    capacity = decode_capacity(
-        step, shape, prompt, output, request.slo.tpot, kv_capacity_tokens(shape), MAX_NUM_SEQS
-    )
-    prefilling = prefill_seconds(step, shape, prompt, candidate.budget)
-    share = prefilling / (prefilling + capacity.seconds_per_request(output))
     batch = max(1, round(traffic.rate * output * request.slo.tpot / replicas))
     contexts = [round(prompt + output / 2)] * batch
     chunk = [PrefillChunk(min(prompt, candidate.budget))]
-    return share * step(shape, chunk, contexts) + (1 - share) * step(shape, [], contexts)
+    chunks_per_second = traffic.rate / replicas * math.ceil(prompt / candidate.budget)
+    busy = chunks_per_second * step(shape, chunk, contexts)
+    if busy >= 1:
+        return math.inf
+    return 1 / (chunks_per_second + (1 - busy) / step(shape, [], contexts))
 
 
 def _shaped(candidate: Candidate, sizes: dict[PoolName, int], **fields: object) -> Option:
@@ -284,26 +294,52 @@ def _ranked(guessed: list[Guess], tpot_slo: float) -> dict[str, list[Guess]]:
 def _size_promising(
     context: Context, ranked: dict[str, list[Guess]], executor: Executor | None
 ) -> list[Sizing]:
-    """The best closed-form candidate of each mode by simulation; then the runners-up whose
-    closed-form size, scaled by how far the simulation moved their mode's leader, could still
-    need fewer GPUs. Threads drive the searches, which share ``executor``."""
+    """By simulation: each mode's best closed-form candidate (colocated also at the smallest
+    budget, since the closed form cannot tell how a budget's chunks spread TPOT); then the
+    next shape of a mode whose leader missed the goal, or whose closed-form size, scaled by
+    how far the simulation moved the leader, could still need fewer GPUs. Threads drive the
+    searches, which share ``executor``."""
 
-    def run(guesses: list[Guess], required: float = 0.0) -> list[Sizing]:
+    bar = Bar()
+
+    def run(guesses: list[Guess]) -> list[Sizing]:
         with ThreadPoolExecutor(max_workers=max(1, len(guesses))) as threads:
-            return list(
-                threads.map(lambda g: size(context, g.candidate, executor, required), guesses)
-            )
+            return list(threads.map(lambda g: size(context, g.candidate, executor, bar), guesses))
 
-    leaders = [guesses[0] for guesses in ranked.values() if guesses]
-    sizings = run(leaders)
-    runners_up = []
-    for leader, sizing in zip(leaders, sizings, strict=True):
-        scale = sizing.gpus / max(1, leader.option.gpus)
-        for guess in ranked[leader.candidate.mode][1 : FINALISTS[leader.candidate.mode]]:
-            if guess.option.gpus * scale < sizing.gpus:
-                runners_up.append(guess)
+    first: list[Guess] = []
+    for mode, guesses in ranked.items():
+        if not guesses:
+            continue
+        first.append(guesses[0])
+        if mode == "colocated":
+            leader = guesses[0].candidate
+            first += [
+                g
+                for g in guesses
+                if g.candidate.decode == leader.decode
+                and g.candidate.budget == min(BUDGETS) != leader.budget
+            ]
+    sizings = run(first)
     reached = max(s.goal for s in sizings)
-    return sizings + run(runners_up, reached) if runners_up else sizings
+    runners_up = []
+    for mode, guesses in ranked.items():
+        mine = [(g, s) for g, s in zip(first, sizings, strict=True) if g.candidate.mode == mode]
+        if not mine:
+            continue
+        best = min(s.gpus for _, s in mine)
+        missed = all(s.estimate.attainment < reached for _, s in mine)
+        scale = best / max(1, min(g.option.gpus for g, _ in mine))
+        tried = {(g.option.prefill_tp, g.option.decode_tp) for g, _ in mine}
+        extra = 0
+        for guess in guesses:
+            shape = (guess.option.prefill_tp, guess.option.decode_tp)
+            if extra >= FINALISTS[mode] - 1 or shape in tried:
+                continue
+            if missed or guess.option.gpus * scale < best:
+                runners_up.append(guess)
+                tried.add(shape)
+                extra += 1
+    return sizings + run(runners_up) if runners_up else sizings
 
 
 def _option(request: PlanRequest, sizing: Sizing, goal: float) -> Option:
@@ -519,7 +555,7 @@ def _unreachable_reason(request: PlanRequest, chosen: Option, degrees: list[int]
     served_by = ""
     prefill_tp = candidate.prefill.tp if candidate.prefill else candidate.decode.tp
     for tp in TP_DEGREES:
-        if tp <= prefill_tp or (request.max_gpus and tp > request.max_gpus):
+        if tp <= prefill_tp:
             continue
         wider = Candidate(
             candidate.mode,
@@ -528,8 +564,11 @@ def _unreachable_reason(request: PlanRequest, chosen: Option, degrees: list[int]
             candidate.budget,
         )
         still = reachable(context, wider).count(False)
+        beyond = (
+            " (more GPUs than --max-gpus)" if request.max_gpus and tp > request.max_gpus else ""
+        )
         served_by = (
-            f"; TP{tp} would serve {sizing.unreachable - still} of them"
+            f"; TP{tp}{beyond} would serve {sizing.unreachable - still} of them"
             if still < sizing.unreachable
             else ""
         )

@@ -7,6 +7,10 @@ engine is searched with ample decode engines behind it (its TTFT includes the KV
 the first decode step) and a decode engine with ample prefill engines in front of it (a full
 decode batch makes requests wait, which shows in their TTFT), so each phase is sized on its
 own and replicated to the traffic: ``n = ceil(R / prefill goodput)``.
+
+This is goodput at full load, per engine: what bench/disagg_vs_colocated.py maps across prompt
+lengths and networks. ``disagg plan`` sizes whole deployments on a trace instead
+(:mod:`disagg.plan.sizing`) and shares :class:`Slo` with it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from disagg.perf.capacity import DecodeCapacity, decode_capacity, prefill_second
 from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, kv_capacity_tokens
 from disagg.plan.traffic import Traffic
 from disagg.sim.fleet import FleetConfig, simulate
-from disagg.sim.results import Result, latencies, percentile
+from disagg.sim.results import Result
 
 SEARCH_REQUESTS: Final = 300
 MAX_SEARCH_REQUESTS: Final = 2000
@@ -39,7 +43,8 @@ class Slo:
 
     ttft: float
     tpot: float
-    attainment: float = 0.9
+    attainment: float = 0.99
+    """The SLOs are p99s, so 99% of requests by default (DistServe's experiments use 90%)."""
 
     def met(self, result: Result) -> bool:
         """Judged on the later half of the arrivals: an overload builds a queue over time,
@@ -130,28 +135,6 @@ def decode_goodput(setting: Setting, shape: EngineShape, prefill: EngineShape) -
     config = _split(setting, prefill, shape, (16, 1))
     guess = _decode_capacity(setting, shape).requests_per_second
     return max_rate(_runner(setting, config), setting.slo, setting.steps, guess)
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A whole deployment simulated at the planned rate."""
-
-    attainment: float
-    ttft_p99: float
-    tpot_p99: float
-    goodput_per_gpu: float
-
-
-def predict(setting: Setting, config: FleetConfig, requests: int) -> Prediction:
-    """Simulate ``config`` at the traffic's rate; percentiles over every request."""
-    sample = setting.traffic.sample(setting.traffic.rate, requests, seed=2)
-    result = simulate(config, sample, drain=DRAIN)
-    return Prediction(
-        attainment=result.attainment(setting.slo.ttft, setting.slo.tpot)[2],
-        ttft_p99=percentile(latencies(result.outcomes, "ttft"), 0.99) or 0.0,
-        tpot_p99=percentile(latencies(result.outcomes, "tpot"), 0.99) or 0.0,
-        goodput_per_gpu=result.goodput_per_gpu(setting.slo.ttft, setting.slo.tpot),
-    )
 
 
 def fits(shape: EngineShape, setting: Setting) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -55,6 +56,9 @@ BUILD_UP_SHARE: Final = 0.8
 """A sampled window brings up to BUILD_UP windows before it that carry this share of its load."""
 SAMPLE_SHARE: Final = 0.3
 """Build-up windows are added while the sample holds fewer than this share of the trace."""
+GROWTH: Final = 1.25
+SPAN_WINDOWS: Final = 4
+"""Longest stretch of consecutive windows simulated as one run."""
 WARMUP: Final = 0.5
 """Windows of traffic simulated before each sampled window, so it starts with its queue."""
 
@@ -98,6 +102,23 @@ class Context:
 
     def index(self, request: Request) -> int:
         return int(request.arrival // self.window)
+
+
+class Bar:
+    """The best goal any shape of a plan has met so far, shared by the searches running
+    side by side: a search whose ceiling is below it cannot win and stops."""
+
+    def __init__(self) -> None:
+        self._goal = 0.0
+        self._lock = threading.Lock()
+
+    @property
+    def goal(self) -> float:
+        return self._goal
+
+    def met(self, goal: float) -> None:
+        with self._lock:
+            self._goal = max(self._goal, goal)
 
 
 @dataclass(frozen=True)
@@ -219,25 +240,35 @@ def pool_loads(context: Context, candidate: Candidate) -> dict[PoolName, list[fl
     return busy
 
 
-def _spans(context: Context, windows: Sequence[int]) -> list[tuple[float, float]]:
-    """Time spans to simulate: each window behind the one before it, overlaps merged."""
-    spans: list[tuple[float, float]] = []
+def _spans(context: Context, windows: Sequence[int]) -> list[tuple[float, float, float]]:
+    """Time spans to simulate: each window behind half of the one before it, overlaps merged,
+    and long spans cut into pieces of SPAN_WINDOWS (each behind its own warm-up) so the
+    pieces of one run can go to different processes."""
+    merged: list[list[int]] = []
     for w in sorted(windows):
-        start, end = max(0.0, (w - WARMUP) * context.window), (w + 1) * context.window
-        if spans and start <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        if merged and w <= merged[-1][-1] + 1 and len(merged[-1]) < SPAN_WINDOWS:
+            merged[-1].append(w)
         else:
-            spans.append((start, end))
-    return spans
+            merged.append([w])
+    size = context.window
+    return [
+        (max(0.0, (run[0] - WARMUP) * size), run[0] * size, (run[-1] + 1) * size) for run in merged
+    ]
 
 
 def _run_span(
-    config: FleetConfig, requests: Sequence[tuple[int, Request]], start: float
+    config: FleetConfig, requests: Sequence[tuple[int, Request]], counted_from: float
 ) -> list[tuple[int, Outcome]]:
-    """Simulate one span's requests (shifted to start at zero), keyed by trace position."""
+    """Simulate one span's requests (shifted to start at zero); the outcomes of those
+    arriving from ``counted_from`` on, keyed by trace position."""
+    start = requests[0][1].arrival
     shifted = [Request(r.arrival - start, r.prompt_tokens, r.output_tokens) for _, r in requests]
     result = simulate(config, shifted, drain=DRAIN)
-    return [(i, o) for (i, _), o in zip(requests, result.outcomes, strict=True)]
+    return [
+        (i, o)
+        for (i, r), o in zip(requests, result.outcomes, strict=True)
+        if r.arrival >= counted_from
+    ]
 
 
 class Evaluator:
@@ -290,19 +321,15 @@ class Evaluator:
         todo = [t for t in trials if (key, _key(t)) not in self.cache]
         requests = self.context.requests
         spans = [
-            [(i, r) for i, r in enumerate(requests) if start <= r.arrival < end]
-            for start, end in _spans(self.context, key)
+            ([(i, r) for i, r in enumerate(requests) if start <= r.arrival < end], counted)
+            for start, counted, end in _spans(self.context, key)
         ]
-        jobs = [(n, span) for n in range(len(todo)) for span in spans if span]
-        args = [(fleet(self.context, self.candidate, todo[n]), span) for n, span in jobs]
+        jobs = [(n, span) for n in range(len(todo)) for span in spans if span[0]]
+        args = [(fleet(self.context, self.candidate, todo[n]), *span) for n, span in jobs]
         if self.executor is None:
-            runs = [_run_span(config, span, span[0][1].arrival) for config, span in args]
+            runs = [_run_span(*a) for a in args]
         else:
-            futures = [
-                self.executor.submit(_run_span, config, span, span[0][1].arrival)
-                for config, span in args
-            ]
-            runs = [f.result() for f in futures]
+            runs = [f.result() for f in [self.executor.submit(_run_span, *a) for a in args]]
         self.evaluations += len(todo)
         for n, trial in enumerate(todo):
             outcomes = [
@@ -381,11 +408,12 @@ def size(
     context: Context,
     candidate: Candidate,
     executor: Executor | None = None,
-    required: float = 0.0,
+    bar: Bar | None = None,
 ) -> Sizing:
     """The cheapest static size meeting the target (or half a point under the ceiling) on
     the trace, searched from the closed-form guess (see module doc). A search whose ceiling
-    falls short of ``required`` (what another shape already reached) stops there."""
+    falls short of ``bar`` (what another shape already met) stops there."""
+    bar = bar or Bar()
     ok = reachable(context, candidate)
     loads = pool_loads(context, candidate)
     peak = {pool: max(range(len(load)), key=load.__getitem__) for pool, load in loads.items()}
@@ -399,20 +427,23 @@ def size(
         {_median(load) for load in loads.values()},
     )
     for _ in range(ROUNDS):
-        sizes, estimate, ceiling, goal = _search(evaluator, sizes, required)
+        sizes, estimate, ceiling, goal = _search(evaluator, sizes, bar)
         suspects = _suspects(evaluator, loads, estimate)
         if not suspects:
             break
         evaluator.use(evaluator.sample | suspects)
     sample = tuple(sorted(evaluator.sample))
-    if ceiling is not None and goal >= required:
+    whole_trace = len(evaluator.sample) == context.windows
+    if goal < context.target and goal >= bar.goal and not whole_trace:
         # The target is out of reach, so the goal hangs on the ceiling: half a point of
         # sampling error there is half a point of goal. Judge the size on the whole trace.
         whole = Evaluator(context, candidate, ok, loads, executor)
         whole.use(set(range(context.windows)))
-        sizes, estimate, ceiling, goal = _polish(whole, sizes, _cap(sizes), required)
+        sizes, estimate, ceiling, goal = _polish(whole, sizes, _cap(sizes), bar)
         evaluator.evaluations += whole.evaluations
         sample = tuple(range(context.windows))
+    if estimate.attainment >= goal:
+        bar.met(goal)
     return Sizing(
         candidate,
         sizes,
@@ -435,14 +466,14 @@ def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
 
 
 def _polish(
-    whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], required: float
+    whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], bar: Bar
 ) -> tuple[dict[PoolName, int], Estimate, float, float]:
     """One replica at a time on the whole trace: up while the goal is missed, then down
     while it is still met."""
     ceiling = whole.estimates([cap])[0].attainment
     goal = min(whole.context.target, ceiling - MARGIN)
     estimate = whole.estimates([sizes])[0]
-    while estimate.attainment < goal and goal >= required:
+    while estimate.attainment < goal and goal >= bar.goal:
         pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
         if pool is None:
             break
@@ -480,10 +511,10 @@ def _heaviest(load: list[float], count: int) -> list[int]:
 
 
 def _search(
-    evaluator: Evaluator, start: dict[PoolName, int], required: float
+    evaluator: Evaluator, start: dict[PoolName, int], bar: Bar
 ) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
-    """Up by bisection between the first guess and the cap until the goal is met, then each
-    pool down while it still is, in strides that halve."""
+    """Up from the first guess by a quarter at a time until the goal is met (or the cap,
+    which measures the ceiling), bisect back, then each pool down while it is still met."""
     pools = evaluator.candidate.pools
     cap = _cap(start)
     ok = evaluator.ok
@@ -491,22 +522,33 @@ def _search(
     ceiling: float | None = None
     sizes = dict(start)
     estimate = evaluator.estimates([sizes])[0]
-    if estimate.attainment < goal:  # only then is the ceiling worth a simulation
-        ceiling = evaluator.estimates([cap])[0].attainment
-        goal = min(goal, ceiling - MARGIN)
-        if goal < required:
-            return cap, evaluator.estimates([cap])[0], ceiling, goal
-        low, high = sizes, cap  # high meets the goal: it is at most the ceiling less MARGIN
-        while estimate.attainment < goal and any(high[p] - low[p] > 1 for p in pools):
+    if estimate.attainment < goal:
+        low, high = sizes, None
+        while high is None:  # grow by a quarter until the goal is met or the cap is reached
+            trial = {p: min(cap[p], max(low[p] + 1, math.ceil(low[p] * GROWTH))) for p in pools}
+            trial_estimate = evaluator.estimates([trial])[0]
+            if trial == cap:  # the ceiling: what no size of this shape improves on
+                ceiling = trial_estimate.attainment
+                goal = min(goal, ceiling - MARGIN)
+            if goal < bar.goal:  # another shape met a goal this one cannot
+                return trial, trial_estimate, ceiling, goal
+            if trial_estimate.attainment >= goal:
+                high = trial
+            else:
+                low = trial
+        while any(high[p] - low[p] > 1 for p in pools):  # then bisect
             middle = {p: (low[p] + high[p] + 1) // 2 for p in pools}
             if evaluator.estimates([middle])[0].attainment >= goal:
                 high = middle
             else:
                 low = middle
-        if estimate.attainment < goal:
-            sizes = high
-            estimate = evaluator.estimates([sizes])[0]
-    stride = {pool: max(1, sizes[pool] // 4) for pool in pools}
+        sizes = high
+        estimate = evaluator.estimates([sizes])[0]
+        if len(pools) == 1:  # the bisection already found the smallest passing size
+            return sizes, estimate, ceiling, goal
+        stride = {pool: 1 for pool in pools}
+    else:
+        stride = {pool: max(1, sizes[pool] // 4) for pool in pools}
     while estimate.attainment >= goal:
         trials = [
             {**sizes, pool: sizes[pool] - stride[pool]}

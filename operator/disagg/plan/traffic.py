@@ -19,8 +19,8 @@ from disagg.sim.traffic import Request, Workload, generate
 LENGTH_SPREAD: Final = 0.8
 """Lognormal sigma of prompt and output lengths around the given means (chat traces such as
 Azure's conversation trace measure 0.9-1.0)."""
-SYNTHETIC_REQUESTS: Final = 9000
-SYNTHETIC_SECONDS: Final = (600.0, 3600.0)
+SYNTHETIC_REQUESTS: Final = 6000
+SYNTHETIC_SECONDS: Final = (300.0, 3600.0)
 """A generated trace holds about SYNTHETIC_REQUESTS, and lasts within these bounds."""
 
 
