@@ -29,11 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import traces
 
 from disagg.perf import NETWORKS, gpu_profile, model_profile
-from disagg.plan.planner import Option, PlanRequest, plan, split_decision
+from disagg.plan.model import Option, PlanRequest
+from disagg.plan.planner import plan
+from disagg.plan.reasons import split_decision
 from disagg.plan.search import Slo
-from disagg.plan.sizing import Context, fleet
 from disagg.plan.traffic import from_trace
 from disagg.plan.verify import verify
+from disagg.plan.windows import Context, fleet
 from disagg.sim.baselines import Search
 from disagg.sim.scenario import Scenario
 

@@ -14,7 +14,9 @@ from disagg.cli import main
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, model_profile
 from disagg.perf.fitted import DISTSERVE_OPT13B_A100
 from disagg.plan.manifest import to_manifest
-from disagg.plan.planner import Option, Plan, PlanRequest, plan, split_decision
+from disagg.plan.model import Option, Plan, PlanRequest
+from disagg.plan.planner import plan
+from disagg.plan.reasons import split_decision
 from disagg.plan.search import Slo, max_rate
 from disagg.plan.traffic import PlanInputError, from_trace, synthetic
 from disagg.plan.verify import verify

@@ -21,11 +21,12 @@ from disagg.perf import GPUS, MODELS, NETWORKS, gpu_profile, kv_capacity_tokens,
 from disagg.perf.fitted import LATENCY_MODELS, latency_model
 from disagg.perf.roofline import EngineShape
 from disagg.plan.manifest import to_manifest
-from disagg.plan.planner import Option, Plan, PlanRequest, plan
+from disagg.plan.model import Option, Plan, PlanRequest
+from disagg.plan.planner import plan
 from disagg.plan.search import Slo
-from disagg.plan.sizing import WINDOW
 from disagg.plan.traffic import LENGTH_SPREAD, PlanInputError, Traffic, from_trace, synthetic
 from disagg.plan.verify import verify
+from disagg.plan.windows import WINDOW
 from disagg.sim.traffic import load_trace
 from disagg.yamlio import dump
 

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from disagg.api.resource import API_VERSION, KIND, parse_model
-from disagg.plan.planner import Plan, PlanRequest
+from disagg.plan.model import Plan, PlanRequest
 
 RDMA_NETWORKS = frozenset({"ib400", "roce400", "nvlink"})
 

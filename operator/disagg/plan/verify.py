@@ -11,8 +11,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Final
 
-from disagg.plan.planner import Plan, PlanRequest
-from disagg.plan.sizing import Context, fleet
+from disagg.plan.model import Plan, PlanRequest
+from disagg.plan.windows import Context, fleet
 from disagg.sim.fleet import simulate
 from disagg.sim.results import latencies, percentile
 
