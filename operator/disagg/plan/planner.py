@@ -219,19 +219,7 @@ def _size_promising(
         with ThreadPoolExecutor(max_workers=max(1, len(guesses))) as threads:
             return list(threads.map(lambda g: size(context, g.candidate, executor, bar), guesses))
 
-    first: list[Guess] = []
-    for mode, guesses in ranked.items():
-        if not guesses:
-            continue
-        first.append(guesses[0])
-        if mode == "colocated":
-            leader = guesses[0].candidate
-            first += [
-                g
-                for g in guesses
-                if g.candidate.decode == leader.decode
-                and g.candidate.budget == min(BUDGETS) != leader.budget
-            ]
+    first = [guesses[0] for guesses in ranked.values() if guesses]
     sizings = run(first)
     reached = max(s.goal for s in sizings)
     runners_up = []
@@ -239,16 +227,22 @@ def _size_promising(
         mine = [(g, s) for g, s in zip(first, sizings, strict=True) if g.candidate.mode == mode]
         if not mine:
             continue
-        best = min(s.gpus for _, s in mine)
-        missed = all(s.estimate.attainment < reached for _, s in mine)
-        scale = best / max(1, min(g.option.gpus for g, _ in mine))
-        tried = {(g.option.prefill_tp, g.option.decode_tp) for g, _ in mine}
-        extra = 0
+        (leader, sizing), extra = mine[0], 0
+        if mode == "colocated":
+            runners_up += [
+                g
+                for g in guesses
+                if g.candidate.decode == leader.candidate.decode
+                and g.candidate.budget == min(BUDGETS) != leader.candidate.budget
+            ]
+        missed = sizing.estimate.attainment < reached
+        scale = sizing.gpus / max(1, leader.option.gpus)
+        tried = {(leader.option.prefill_tp, leader.option.decode_tp)}
         for guess in guesses:
             shape = (guess.option.prefill_tp, guess.option.decode_tp)
             if extra >= FINALISTS[mode] - 1 or shape in tried:
                 continue
-            if missed or guess.option.gpus * scale < best:
+            if missed or guess.option.gpus * scale < sizing.gpus:
                 runners_up.append(guess)
                 tried.add(shape)
                 extra += 1

@@ -144,6 +144,15 @@ def size(
     )
 
 
+def _between(low: int, high: int, third: int) -> int:
+    """The ``third``-th of three points from ``low`` to ``high``, at least one past low."""
+    return low if high == low else min(high, low + max(1, (high - low) * third // 3))
+
+
+def _grow(sizes: dict[PoolName, int], cap: dict[PoolName, int]) -> dict[PoolName, int]:
+    return {p: min(cap[p], max(n + 1, math.ceil(n * GROWTH))) for p, n in sizes.items()}
+
+
 def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
     """The size the ceiling is measured at: twice as large, and two more."""
     return {pool: min(MAX_REPLICAS, 2 * n + 2) for pool, n in sizes.items()}
@@ -154,9 +163,9 @@ def _polish(
 ) -> tuple[dict[PoolName, int], Estimate, float, float]:
     """One replica at a time on the whole trace: up while the goal is missed, then down
     while it is still met."""
-    ceiling = whole.estimates([cap])[0].attainment
+    at_cap, estimate = whole.estimates([cap, sizes])
+    ceiling = at_cap.attainment
     goal = min(whole.context.target, ceiling - MARGIN)
-    estimate = whole.estimates([sizes])[0]
     while estimate.attainment < goal and goal >= bar.goal:
         pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
         if pool is None:
@@ -208,24 +217,36 @@ def _search(
     estimate = evaluator.estimates([sizes])[0]
     if estimate.attainment < goal:
         low, high = sizes, None
-        while high is None:  # grow by a quarter until the goal is met or the cap is reached
-            trial = {p: min(cap[p], max(low[p] + 1, math.ceil(low[p] * GROWTH))) for p in pools}
-            trial_estimate = evaluator.estimates([trial])[0]
-            if trial == cap:  # the ceiling: what no size of this shape improves on
-                ceiling = trial_estimate.attainment
-                goal = min(goal, ceiling - MARGIN)
-            if goal < bar.goal:  # another shape met a goal this one cannot
-                return trial, trial_estimate, ceiling, goal
-            if trial_estimate.attainment >= goal:
-                high = trial
-            else:
+        while high is None:  # grow by a quarter until the goal is met or the cap is reached;
+            # two steps at a time, since the second costs no wall time on a second core
+            first = _grow(low, cap)
+            trials = [first] if first == cap else [first, _grow(first, cap)]
+            for trial, trial_estimate in zip(trials, evaluator.estimates(trials), strict=True):
+                if trial == cap:  # the ceiling: what no size of this shape improves on
+                    ceiling = trial_estimate.attainment
+                    goal = min(goal, ceiling - MARGIN)
+                if goal < bar.goal:  # another shape met a goal this one cannot
+                    return trial, trial_estimate, ceiling, goal
+                if trial_estimate.attainment >= goal:
+                    high = trial
+                    break
                 low = trial
-        while any(high[p] - low[p] > 1 for p in pools):  # then bisect
-            middle = {p: (low[p] + high[p] + 1) // 2 for p in pools}
-            if evaluator.estimates([middle])[0].attainment >= goal:
-                high = middle
-            else:
-                low = middle
+        while any(high[p] - low[p] > 1 for p in pools):  # then narrow it, two points a round
+            thirds = [{p: _between(low[p], high[p], k) for p in pools} for k in (1, 2)]
+            thirds = [t for i, t in enumerate(thirds) if t != high and t not in thirds[:i]]
+            results = evaluator.estimates(thirds)
+            met = [t for t, e in zip(thirds, results, strict=True) if e.attainment >= goal]
+            if met:
+                high = met[0]
+            missed = [
+                t
+                for t, e in zip(thirds, results, strict=True)
+                if e.attainment < goal and all(t[p] <= high[p] for p in pools)
+            ]
+            if missed:
+                low = missed[-1]
+            if not thirds:
+                break
         sizes = high
         estimate = evaluator.estimates([sizes])[0]
         if len(pools) == 1:  # the bisection already found the smallest passing size
