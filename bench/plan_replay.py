@@ -35,7 +35,7 @@ from disagg.plan.reasons import split_decision
 from disagg.plan.search import Slo
 from disagg.plan.traffic import from_trace
 from disagg.plan.verify import verify
-from disagg.plan.windows import Context, fleet
+from disagg.plan.windows import fleet
 from disagg.sim.baselines import Search
 from disagg.sim.scenario import Scenario
 
@@ -59,15 +59,7 @@ def cheapest_static(request: PlanRequest, option: Option, executor: Executor) ->
     """The best static size of ``option``'s shape, searched with the fleet simulator."""
     assert option.sizing is not None
     candidate = option.sizing.candidate
-    context = Context(
-        request.traffic.trace,
-        request.slo.ttft,
-        request.slo.tpot,
-        TARGET,
-        request.network,
-        request.step_time,
-    )
-    config = fleet(context, candidate, option.sizing.sizes)
+    config = fleet(request.context(), candidate, option.sizing.sizes)
     cap = {pool: max(4, 2 * n + 2) for pool, n in option.sizing.sizes.items()}
     config = dataclasses.replace(
         config, bounds={pool: (1, cap.get(pool, 1)) for pool in ("prefill", "decode")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -10,13 +11,12 @@ from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, step_tim
 from disagg.plan.search import Slo
 from disagg.plan.sizing import Sizing
 from disagg.plan.traffic import Traffic
-from disagg.plan.windows import WINDOW
+from disagg.plan.windows import WINDOW, Context
 from disagg.sim.fleet import Mode
+from disagg.sim.traffic import Request
 
 TP_DEGREES: Final = (1, 2, 4, 8)
-
 BUDGETS: Final = (512, 2048, 8192)
-
 DEFAULT_BUDGET: Final = 2048
 
 SPLIT_MARGIN: Final = 0.1
@@ -36,6 +36,18 @@ class PlanRequest:
     step_time: StepTime = step_time
     window: float = WINDOW
     """Seconds a new replica takes to serve: the span a static size must carry."""
+
+    def context(self, requests: Sequence[Request] | None = None) -> Context:
+        """What every simulation of this plan shares, over the trace (or ``requests``)."""
+        return Context(
+            tuple(self.traffic.trace if requests is None else requests),
+            self.slo.ttft,
+            self.slo.tpot,
+            self.slo.attainment,
+            self.network,
+            self.step_time,
+            window=self.window,
+        )
 
 
 @dataclass(frozen=True)

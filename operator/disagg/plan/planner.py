@@ -47,15 +47,7 @@ BURST_HEADROOM: Final = 1.5
 
 def plan(request: PlanRequest, executor: Executor | None = None) -> Plan:
     """Size the cheapest candidates of both modes on the trace and apply the split rule."""
-    context = Context(
-        request.traffic.trace,
-        request.slo.ttft,
-        request.slo.tpot,
-        request.slo.attainment,
-        request.network,
-        request.step_time,
-        window=request.window,
-    )
+    context = request.context()
     degrees = _feasible_degrees(request)
     _check_slo_reachable(request, degrees)
     guessed = [_closed_form(request, context, c) for c in _candidates(request, degrees)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from disagg.perf.roofline import PrefillChunk, transfer_time
 from disagg.plan.model import SPLIT_MARGIN, TP_DEGREES, Option, PlanRequest, engine_shape
 from disagg.plan.sizing import Sizing
-from disagg.plan.windows import Candidate, Context, reachable
+from disagg.plan.windows import Candidate, reachable
 
 
 def split_decision(split: Option, colocated: Option) -> tuple[bool, str]:
@@ -151,14 +151,7 @@ def _unreachable_reason(request: PlanRequest, chosen: Option, degrees: list[int]
         return ""
     candidate = sizing.candidate
     share = sizing.unreachable / max(1, sizing.requests)
-    context = Context(
-        request.traffic.trace,
-        request.slo.ttft,
-        request.slo.tpot,
-        request.slo.attainment,
-        request.network,
-        request.step_time,
-    )
+    context = request.context()
     served_by = ""
     prefill_tp = candidate.prefill.tp if candidate.prefill else candidate.decode.tp
     for tp in TP_DEGREES:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from disagg.plan.model import Plan, PlanRequest
-from disagg.plan.windows import Context, fleet
+from disagg.plan.windows import fleet
 from disagg.sim.fleet import simulate
 from disagg.sim.results import latencies, percentile
 
@@ -66,10 +66,7 @@ def verify(result: Plan, request: PlanRequest, executor: Executor | None = None)
     chosen, traffic, slo = result.chosen, request.traffic, request.slo
     assert chosen.sizing is not None and chosen.prediction is not None
     requests = traffic.regenerated(REPLAY_SEED)
-    context = Context(
-        tuple(requests), slo.ttft, slo.tpot, slo.attainment, request.network, request.step_time
-    )
-    config = fleet(context, chosen.sizing.candidate, chosen.sizing.sizes)
+    config = fleet(request.context(requests), chosen.sizing.candidate, chosen.sizing.sizes)
     run = (
         simulate(config, requests)
         if executor is None
