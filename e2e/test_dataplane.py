@@ -117,48 +117,52 @@ def test_short_prompt_skips_prefill(fleet: dict[str, list[Proc]]) -> None:
     assert 'disagg_router_requests_total{code="200",path="skipped"}' in metrics
 
 
+def _body(**fields: object) -> bytes:
+    return json.dumps({"model": "m", **fields}).encode()
+
+
+MALFORMED = {
+    "bad-json": ("/v1/completions", b"{not json", 400, "not valid JSON"),
+    "no-model": ("/v1/completions", json.dumps({"prompt": "x"}).encode(), 400, "model is required"),
+    "no-prompt": ("/v1/completions", _body(), 400, "prompt is required"),
+    "no-messages": ("/v1/chat/completions", _body(messages=[]), 400, "messages is required"),
+    "unknown-model": ("/v1/completions", _body(model="other", prompt="x"), 404, "does not exist"),
+    "bad-stream": ("/v1/completions", _body(prompt="x", stream="yes"), 400, "stream must be"),
+    "too-large": ("/v1/completions", _body(prompt="x" * (5 * 1024 * 1024)), 413, "exceeds"),
+    "not-object": ("/v1/completions", b"[1, 2]", 400, "JSON object"),
+    "deep-nesting": (
+        "/v1/completions",
+        b'{"model": "m", "prompt": ' + b"[" * 900 + b"]" * 900 + b"}",
+        400,
+        "nested deeper than 64",
+    ),
+    "huge-integer": (
+        "/v1/completions",
+        b'{"model": "m", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}",
+        400,
+        "not valid JSON",
+    ),
+    "message-not-object": ("/v1/chat/completions", _body(messages=[1]), 400, "messages[0]"),
+    "message-null": ("/v1/chat/completions", _body(messages=[None]), 400, "messages[0]"),
+    "empty-prompt-part": ("/v1/completions", _body(prompt=[""]), 400, "prompt[0]"),
+    "bad-stream-options": (
+        "/v1/completions",
+        _body(prompt="x", stream=True, stream_options="x"),
+        400,
+        "stream_options must be an object",
+    ),
+    "router-field": (
+        "/v1/completions",
+        _body(prompt="x", bootstrap_room=7),
+        400,
+        "set by the router",
+    ),
+    "zero-max-tokens": ("/v1/completions", _body(prompt="x", max_tokens=0), 400, "max_tokens must"),
+}
+
+
 @pytest.mark.parametrize(
-    ("path", "payload", "status", "fragment"),
-    [
-        ("/v1/completions", b"{not json", 400, "not valid JSON"),
-        ("/v1/completions", json.dumps({"prompt": "x"}).encode(), 400, "model is required"),
-        ("/v1/completions", json.dumps({"model": "m"}).encode(), 400, "prompt is required"),
-        (
-            "/v1/chat/completions",
-            json.dumps({"model": "m", "messages": []}).encode(),
-            400,
-            "messages is required",
-        ),
-        (
-            "/v1/completions",
-            json.dumps({"model": "other", "prompt": "x"}).encode(),
-            404,
-            "does not exist",
-        ),
-        (
-            "/v1/completions",
-            json.dumps({"model": "m", "prompt": "x", "stream": "yes"}).encode(),
-            400,
-            "stream must be",
-        ),
-        (
-            "/v1/completions",
-            json.dumps({"model": "m", "prompt": "x" * (5 * 1024 * 1024)}).encode(),
-            413,
-            "exceeds",
-        ),
-        ("/v1/completions", b"[1, 2]", 400, "JSON object"),
-    ],
-    ids=[
-        "bad-json",
-        "no-model",
-        "no-prompt",
-        "no-messages",
-        "unknown-model",
-        "bad-stream",
-        "too-large",
-        "not-object",
-    ],
+    ("path", "payload", "status", "fragment"), MALFORMED.values(), ids=MALFORMED
 )
 def test_malformed_requests_get_openai_errors(
     fleet: dict[str, list[Proc]], path: str, payload: bytes, status: int, fragment: str
@@ -171,6 +175,64 @@ def test_malformed_requests_get_openai_errors(
     error = response.json()["error"]
     assert fragment in error["message"] and error["code"] == status
     assert httpx.get(front.url + "/health").status_code == 200
+
+
+def test_an_undeclared_charset_is_refused_not_a_server_error(fleet: dict[str, list[Proc]]) -> None:
+    response = httpx.post(
+        fleet["router"][0].url + "/v1/completions",
+        content=_body(prompt="x"),
+        headers={"Content-Type": "application/json; charset=nope"},
+        timeout=30,
+    )
+    assert response.status_code == 415 and "charset" in response.json()["error"]["message"]
+
+
+def test_engine_client_errors_pass_through_once_and_slow_bodies_are_cut_off(
+    fleet: dict[str, list[Proc]],
+) -> None:
+    # A router that accepts any model name leaves the engine to refuse an unknown one.
+    any_model = start(
+        "router-any-model", "router", "--host", "127.43.0.2", "--port", "8000",
+        "--prefill", *(p.url for p in fleet["prefill"]), "--decode", *(d.url for d in fleet["decode"]),
+        "--pd-threshold", str(THRESHOLD), "--body-timeout", "1", url="http://127.43.0.2:8000",
+    )  # fmt: skip
+    try:
+        before = httpx.get(any_model.url + "/metrics").text
+        response = httpx.post(
+            any_model.url + "/v1/completions",
+            headers={"X-Request-Id": "unknown-model"},
+            json={"model": "nope", "prompt": long_prompt(200), "max_tokens": 2},
+            timeout=30,
+        )
+        assert response.status_code == 404 and "does not exist" in response.text
+        calls = [r for e in fleet["prefill"] + fleet["decode"] for r in _recent(e, "unknown-model")]
+        assert len(calls) == 1  # the prefill engine's answer, not retried nor sent to decode
+        after = httpx.get(any_model.url + "/metrics").text
+        assert _failures(after) == _failures(before)
+
+        async def slow_client() -> bytes:
+            reader, writer = await asyncio.open_connection("127.43.0.2", 8000)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100\r\n\r\n{"model"'
+            )
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(65536), timeout=20)
+            writer.close()
+            return answer
+
+        answer = asyncio.run(slow_client())
+        assert answer.startswith(b"HTTP/1.1 408") and b"took longer than 1s" in answer
+    finally:
+        any_model.stop()
+
+
+def _failures(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("disagg_router_upstream_failures_total")
+    )
 
 
 def test_failed_decode_before_first_token_is_retried_elsewhere(

@@ -20,6 +20,7 @@ from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.protocol import (
     PREFILL_KV_PARAMS,
     decode_request,
+    parse_body,
     prefill_request,
     sglang_request,
     validate,
@@ -149,6 +150,45 @@ def test_validation_messages() -> None:
         400,
         "messages is required and must be a non-empty list",
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"model": "m", "messages": [1]}, "messages[0] must be an object"),
+        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+        ({"model": "m", "prompt": [""]}, "prompt[0] must be a non-empty string"),
+        ({"model": "m", "prompt": [[]]}, "prompt[0]"),
+        (
+            {"model": "m", "prompt": "x", "stream_options": {"include_usage": True}},
+            "only with stream",
+        ),
+        (
+            {"model": "m", "prompt": "x", "max_tokens": True},
+            "max_tokens must be a positive integer",
+        ),
+        ({"model": "m", "prompt": "x", "kv_transfer_params": {}}, "kv_transfer_params is set by"),
+    ],
+)
+def test_requests_the_engines_would_hang_or_fail_on_are_refused(
+    body: dict[str, object], fragment: str
+) -> None:
+    kind = "chat" if "messages" in body else "completion"
+    problem = validate(body, kind, None)
+    assert problem is not None and problem[0] == 400 and fragment in problem[1]
+
+
+def test_accepted_prompt_forms_and_unreadable_bodies() -> None:
+    for prompt in ("x", ["a", "b"], [1, 2, 3], [[1, 2], [3]]):
+        assert validate({"model": "m", "prompt": prompt}, "completion", None) is None
+    assert parse_body(b'{"model": "m"}', "utf-8") == ({"model": "m"}, None)
+    assert parse_body(b"{}", "nope")[1] == (415, "unsupported charset 'nope': send JSON as UTF-8")
+    assert parse_body(b'{"a": "\xff"}', None)[1][0] == 400  # type: ignore[index]
+    deep = b"[" * 65 + b"]" * 65
+    assert parse_body(deep, None)[1] == (400, "the request body is nested deeper than 64 levels")
+    assert parse_body(b"[" * 100_000 + b"]" * 100_000, None)[1][0] == 400  # type: ignore[index]
+    huge = parse_body(b'{"n": ' + b"9" * 5000 + b"}", None)[1]
+    assert huge is not None and huge[0] == 400 and "not valid JSON" in huge[1]
 
 
 def test_token_estimate() -> None:

@@ -65,6 +65,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--prefill-timeout", type=float, default=60.0, help="seconds before a prefill is retried"
     )
     cmd.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    cmd.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send its request body",
+    )
+    cmd.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=75.0,
+        help="seconds an idle keep-alive client connection stays open",
+    )
+    cmd.add_argument(
+        "--max-upstream-connections",
+        type=int,
+        default=1024,
+        help="open connections to the engines at most (more requests wait for one)",
+    )
     cmd.set_defaults(func=cmd_router)
 
 
@@ -79,6 +97,11 @@ def _check(args: argparse.Namespace) -> str | None:
         return "give --decode URL [URL ...] (and --prefill URL ...), or --discover"
     if args.pd_threshold < 0:
         return f"--pd-threshold must be >= 0, got {args.pd_threshold}"
+    for flag in ("body_timeout", "idle_timeout", "prefill_timeout"):
+        if not getattr(args, flag) > 0:
+            return f"--{flag.replace('_', '-')} must be a positive number of seconds"
+    if args.max_upstream_connections < 1 or args.max_body_bytes < 1:
+        return "--max-upstream-connections and --max-body-bytes must be at least 1"
     return None
 
 
@@ -92,6 +115,8 @@ async def _serve(args: argparse.Namespace) -> int:
         backend=args.backend,
         prefill_timeout=args.prefill_timeout,
         max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        max_upstream_connections=args.max_upstream_connections,
     )
     router = Router(config, prefill, decode, Picker(args.policy), RouterMetrics())
     tasks: list[asyncio.Task[None]] = []
@@ -105,7 +130,12 @@ async def _serve(args: argparse.Namespace) -> int:
             asyncio.create_task(watch_pool(client, args.namespace, args.prefill_selector, prefill)),
             asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode)),
         ]
-    runner = web.AppRunner(build_app(router), access_log=None, handler_cancellation=True)
+    runner = web.AppRunner(
+        build_app(router),
+        access_log=None,
+        handler_cancellation=True,
+        keepalive_timeout=args.idle_timeout,
+    )
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.port).start()

@@ -13,6 +13,7 @@ Failure handling, in the order a request meets it:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -51,6 +52,10 @@ class RouterConfig:
     decode_connect_timeout: float = 10.0
     decode_read_timeout: float = 300.0
     max_body_bytes: int = 4 * 1024 * 1024
+    body_timeout: float = 30.0
+    """Seconds a client may take to send its request body (slow clients are cut off)."""
+    max_upstream_connections: int = 1024
+    """Open connections to the engines at most; more requests wait for a free one."""
 
 
 @dataclass
@@ -71,6 +76,25 @@ ROUTER_KEY = web.AppKey("router", Router)
 
 class UpstreamError(Exception):
     """An engine failed before the client saw anything: safe to retry elsewhere."""
+
+
+class EngineRejected(Exception):
+    """The engine refused the request itself (a 4xx other than 408/429): the client's
+    mistake, answered as the engine said, not retried and not an engine failure."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status, self.body, self.content_type = status, body, content_type
+
+    def response(self, headers: dict[str, str]) -> web.Response:
+        return web.Response(
+            body=self.body,
+            status=self.status,
+            headers={**headers, "Content-Type": self.content_type},
+        )
+
+
+RETRIABLE_CLIENT_ERRORS = frozenset({408, 429})
 
 
 def error_response(status: int, message: str, type_: str = "BadRequestError") -> web.Response:
@@ -105,9 +129,15 @@ async def _prefill(
                     headers=headers,
                     timeout=timeout,
                 ) as response:
-                    payload = await response.json(content_type=None)
+                    raw = await response.read()
+                    ctype = response.headers.get("Content-Type", "application/json")
+                    if 400 <= response.status < 500 and (
+                        response.status not in RETRIABLE_CLIENT_ERRORS
+                    ):
+                        raise EngineRejected(response.status, raw, ctype)
                     if response.status != 200:
-                        raise UpstreamError(f"HTTP {response.status}: {str(payload)[:200]}")
+                        raise UpstreamError(f"HTTP {response.status}: {raw[:200]!r}")
+                    payload = json.loads(raw)
                 params = payload.get("kv_transfer_params") if isinstance(payload, dict) else None
                 if not isinstance(params, dict):
                     raise UpstreamError("the prefill response carries no kv_transfer_params")
@@ -155,7 +185,10 @@ async def _relay(
     """Copy the decode engine's answer to the client, measuring what the user sees."""
     headers = {"X-Request-Id": request_id, "X-Disagg-Path": route}
     if not stream or upstream.status != 200:
-        body = await upstream.read()
+        try:
+            body = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as failure:  # nothing sent yet: retry
+            raise UpstreamError(f"the answer broke off: {failure!r}") from failure
         router.metrics.ttft.observe(time.monotonic() - arrival)
         ctype = upstream.headers.get("Content-Type", "application/json")
         return web.Response(
@@ -236,6 +269,10 @@ async def _decode(
                 response = await _relay(
                     request, router, upstream, bool(body.get("stream")), route, request_id, arrival
                 )
+            except UpstreamError as failure:
+                router.metrics.upstream_failures.labels(role="decode").inc()
+                log.warning("Decode on %s failed for %s: %r", endpoint.url, request_id, failure)
+                continue
             finally:
                 upstream.release()
         router.metrics.requests.labels(path=route, code=str(response.status)).inc()
@@ -250,17 +287,24 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     router = request.app[ROUTER_KEY]
     arrival = time.monotonic()
     try:
-        body = await request.json()
+        async with asyncio.timeout(router.config.body_timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, f"the request body exceeds {router.config.max_body_bytes} bytes")
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return error_response(400, "the request body is not valid JSON")
+    except TimeoutError:
+        return error_response(
+            408, f"the request body took longer than {router.config.body_timeout:g}s to arrive"
+        )
+    body, unreadable = protocol.parse_body(raw, request.charset)
+    if unreadable is not None:
+        return error_response(*unreadable)
     problem = protocol.validate(body, kind, router.config.served_model_name)
     if problem is not None:
         status, message = problem
         return error_response(
             status, message, "NotFoundError" if status == 404 else "BadRequestError"
         )
+    assert isinstance(body, dict)  # validate refuses anything else
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     headers = {k: request.headers[k] for k in PASSED_HEADERS if k in request.headers}
     headers["X-Request-Id"] = request_id
@@ -274,7 +318,11 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     route = "skipped"
     kv_params = None
     if estimate_tokens(body) >= router.config.pd_threshold and router.prefill.available():
-        kv_params = await _prefill(router, path, body, headers, prefix)
+        try:
+            kv_params = await _prefill(router, path, body, headers, prefix)
+        except EngineRejected as rejected:
+            router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+            return rejected.response({"X-Request-Id": request_id})
         route = "disaggregated" if kv_params is not None else "fallback"
     return await _decode(
         request, router, path, body, kv_params, headers, route, prefix, request_id, arrival
@@ -326,7 +374,9 @@ def build_app(router: Router) -> web.Application:
     app[ROUTER_KEY] = router
 
     async def open_session(app: web.Application) -> Any:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60)
+        connector = aiohttp.TCPConnector(
+            limit=router.config.max_upstream_connections, limit_per_host=0, ttl_dns_cache=60
+        )
         router.session = aiohttp.ClientSession(connector=connector)
         yield
         await router.session.close()
