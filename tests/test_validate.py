@@ -169,6 +169,35 @@ def test_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1 and "not valid YAML" in output and "Traceback" not in output
 
 
+def test_alias_bombs_and_deep_nesting_are_refused_quickly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for name, previous in zip("bcdefghi", "abcdefgh", strict=True):
+        rows.append(f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]")
+    code, output = _run(tmp_path, "\n".join(rows) + "\n", capsys)  # 9^9 strings once expanded
+    assert code == 1 and "expands to more than 200000 nodes" in output
+    for deep in (
+        "a: " + "[" * 600 + "]" * 600,
+        "a:\n" + "".join(f"{' ' * i}b{i}:\n" for i in range(1, 200)),
+    ):
+        code, output = _run(tmp_path, deep + "\n", capsys)
+        assert code == 1 and "nests deeper than 100 levels" in output and "Traceback" not in output
+
+
+def test_a_field_nested_too_deep_to_render_is_refused_with_its_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_example("minimal")
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(80):  # deeper than any manifest, shallow enough for the YAML reader
+        node["x"] = node = {}
+    model["spec"].setdefault("decode", {})["affinity"] = {"nodeAffinity": deep}
+    code, output = _run(tmp_path, yaml.safe_dump(model), capsys)
+    assert code == 1 and "spec.decode.affinity.nodeAffinity.x.x... (65 levels)" in output
+
+
 def test_not_a_mapping(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, output = _run(tmp_path, "- just\n- a list\n", capsys)
     assert code == 1 and "<root>: expected a mapping, got list" in output

@@ -25,7 +25,7 @@ from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
 from disagg.sim.cli import register as register_sim
 from disagg.sim.simulate import register as register_simulate
-from disagg.yamlio import dump, dump_all, load_all
+from disagg.yamlio import YamlLimitError, dump, dump_all, load_all
 
 
 class CliError(Exception):
@@ -48,6 +48,8 @@ def load_models(path: str) -> list[DisaggregatedModel]:
     text = _read_text(path)
     try:
         documents = load_all(text)
+    except YamlLimitError as error:
+        raise CliError(f"{path}: refused: {error}") from error
     except yaml.YAMLError as error:
         raise CliError(f"{path}: not valid YAML: {error}") from error
     if not documents:

@@ -109,12 +109,38 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         problems.append("metadata.name: required field is missing")
     elif len(name) > NAME_MAX_LENGTH or not re.fullmatch(NAME_PATTERN, name):
         problems.append(f"metadata.name: {METADATA_NAME_RULE_MESSAGE} (got {name!r})")
+    too_deep = _too_deep(manifest)
+    if too_deep is not None:
+        problems.append(
+            f"{too_deep}: nested deeper than {MAX_MANIFEST_DEPTH} levels; no Kubernetes field "
+            "needs that many"
+        )
     if problems:
         raise ManifestError(problems)
     try:
         return DisaggregatedModel.model_validate(manifest)
     except ValidationError as error:
         raise ManifestError(format_validation_error(error)) from error
+
+
+MAX_MANIFEST_DEPTH: Final = 64
+"""Deepest nesting a manifest may have: a pod's affinity, the deepest real field, needs ~12;
+far deeper ones would exhaust the stack of whatever walks them (rendering, serializing)."""
+
+
+def _too_deep(manifest: object) -> str | None:
+    """The path (abbreviated) of the first value nested past MAX_MANIFEST_DEPTH, or None."""
+    stack: list[tuple[object, tuple[str, ...]]] = [(manifest, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_MANIFEST_DEPTH:
+            shown = ".".join(path[:6]).replace(".[", "[")
+            return f"{shown}... ({len(path)} levels)"
+        if isinstance(value, dict):
+            stack += [(v, (*path, str(k))) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, (*path, f"[{i}]")) for i, v in enumerate(value)]
+    return None
 
 
 METADATA_NAME_RULE_MESSAGE: Final = (
