@@ -59,6 +59,18 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         {"engine": {"backend": "sglang", "kvConnector": "lmcache"}},
     ),
     ("autoscaling.maxTotalGpus is smaller", {"autoscaling": {"maxTotalGpus": 1}}),
+    (
+        "must be at most 1h (the HPA's limit)",
+        {"autoscaling": {"mode": "external", "scaleDown": {"stabilizationWindow": "2h"}}},
+    ),
+    (
+        "must be at most 30m (the HPA's longest policy period)",
+        {"autoscaling": {"mode": "external", "scaleUp": {"cooldown": "45m"}}},
+    ),
+    (
+        "ttftP99 and tpotP99 must be at least 1ms",
+        {"autoscaling": {"mode": "external", "tpotP99": "0.5ms"}},
+    ),
 ]
 
 

@@ -169,6 +169,31 @@ def test_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 1 and "not valid YAML" in output and "Traceback" not in output
 
 
+@pytest.mark.parametrize(
+    ("autoscaling", "fragment"),
+    [
+        ({"scaleUp": {"stabilizationWindow": "61m"}}, "stabilizationWindow must be at most 1h"),
+        ({"scaleDown": {"cooldown": "31m"}}, "cooldown must be at most 30m"),
+        ({"ttftP99": "0.9ms"}, "ttftP99 and tpotP99 must be at least 1ms"),
+    ],
+)
+def test_external_scaling_refuses_what_the_hpa_would(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    autoscaling: dict[str, Any],
+    fragment: str,
+) -> None:
+    model = load_example("minimal")
+    model["spec"]["autoscaling"] = {"enabled": True, "mode": "external", **autoscaling}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and fragment in output
+    model["spec"]["autoscaling"]["mode"] = (
+        "builtin"  # the operator's own autoscaler has no such limits
+    )
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0, output
+
+
 def test_alias_bombs_and_deep_nesting_are_refused_quickly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
 from pydantic import Field
 
 from disagg.api.base import ApiModel, Duration, parse_duration
 from disagg.api.rules import Rule
+
+HPA_MAX_STABILIZATION: Final = 3600.0
+HPA_MAX_PERIOD: Final = 1800.0
 
 
 class ScaleUpBehavior(ApiModel):
@@ -140,5 +143,46 @@ class AutoscalingSpec(ApiModel):
             "autoscaling.window",
             check=lambda m: 1 <= parse_duration(m.interval) <= parse_duration(m.window),
             field_path=".interval",
+        ),
+        # The HPA (also the one KEDA creates) refuses what its validation does not allow
+        # (k8s.io/kubernetes pkg/apis/autoscaling/validation, v1.35): a stabilization window
+        # over 3600 s, a policy period over 1800 s, a target value that is not positive.
+        Rule(
+            cel="self.mode != 'external' || "
+            "(duration(self.scaleUp.stabilizationWindow) <= duration('1h') && "
+            "duration(self.scaleDown.stabilizationWindow) <= duration('1h'))",
+            message="with autoscaling.mode external, scaleUp.stabilizationWindow and "
+            "scaleDown.stabilizationWindow must be at most 1h (the HPA's limit)",
+            check=lambda m: (
+                m.mode != "external"
+                or max(
+                    parse_duration(m.scale_up.stabilization_window),
+                    parse_duration(m.scale_down.stabilization_window),
+                )
+                <= HPA_MAX_STABILIZATION
+            ),
+        ),
+        Rule(
+            cel="self.mode != 'external' || "
+            "(duration(self.scaleUp.cooldown) <= duration('30m') && "
+            "duration(self.scaleDown.cooldown) <= duration('30m'))",
+            message="with autoscaling.mode external, scaleUp.cooldown and scaleDown.cooldown "
+            "must be at most 30m (the HPA's longest policy period)",
+            check=lambda m: (
+                m.mode != "external"
+                or max(parse_duration(m.scale_up.cooldown), parse_duration(m.scale_down.cooldown))
+                <= HPA_MAX_PERIOD
+            ),
+        ),
+        Rule(
+            cel="self.mode != 'external' || "
+            "(duration(self.ttftP99) >= duration('1ms') && "
+            "duration(self.tpotP99) >= duration('1ms'))",
+            message="with autoscaling.mode external, ttftP99 and tpotP99 must be at least 1ms "
+            "(the HPA's target is the SLO in milliseconds, and must be positive)",
+            check=lambda m: (
+                m.mode != "external"
+                or min(parse_duration(m.ttft_p99), parse_duration(m.tpot_p99)) >= 0.001
+            ),
         ),
     )
