@@ -68,6 +68,14 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         {"autoscaling": {"mode": "external", "scaleUp": {"cooldown": "45m"}}},
     ),
     (
+        "must not start with '-' or contain whitespace",
+        {"model": {"name": "m", "servedName": "-x"}},
+    ),
+    (
+        "network.rdma.resourceName cannot be nvidia.com/gpu",
+        {"network": {"transport": "rdma", "rdma": {"resourceName": "nvidia.com/gpu"}}},
+    ),
+    (
         "ttftP99 and tpotP99 must be at least 1ms",
         {"autoscaling": {"mode": "external", "tpotP99": "0.5ms"}},
     ),

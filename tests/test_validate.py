@@ -170,6 +170,27 @@ def test_not_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("patch", "fragment"),
+    [
+        ({"model": {"name": "m", "servedName": "-x"}}, "must not start with '-'"),
+        ({"model": {"name": "-m"}}, "must not start with '-'"),
+        ({"model": {"name": "my model"}}, "or contain whitespace"),
+        (
+            {"network": {"rdma": {"resourceName": "nvidia.com/gpu"}}},
+            "spec.network.rdma.resourceName: network.rdma.resourceName cannot be nvidia.com/gpu",
+        ),
+    ],
+)
+def test_values_that_would_break_the_engines_command_line_or_gpu_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], patch: dict[str, Any], fragment: str
+) -> None:
+    model = load_example("minimal")
+    model["spec"].update(patch)
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and fragment in output, output
+
+
+@pytest.mark.parametrize(
     ("autoscaling", "fragment"),
     [
         ({"scaleUp": {"stabilizationWindow": "61m"}}, "stabilizationWindow must be at most 1h"),

@@ -75,6 +75,13 @@ class NetworkSpec(ApiModel):
 
     rules: ClassVar = (
         Rule(
+            cel="!has(self.rdma) || self.rdma.resourceName != 'nvidia.com/gpu'",
+            message="network.rdma.resourceName cannot be nvidia.com/gpu: each pool's GPU count "
+            "comes from its tensorParallelSize",
+            check=lambda m: m.rdma is None or m.rdma.resource_name != "nvidia.com/gpu",
+            field_path=".rdma.resourceName",
+        ),
+        Rule(
             cel="self.transport == 'rdma' || !has(self.rdma)",
             message="network.rdma is only allowed with network.transport rdma",
             check=lambda m: m.transport == "rdma" or m.rdma is None,

@@ -8,6 +8,7 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -129,6 +130,22 @@ class ModelSpec(ApiModel):
         description="The model uses multi-head latent attention (DeepSeek-V2/V3): its KV "
         "cache is replicated across tensor-parallel ranks (smaller per token). Different "
         "prefill and decode TP degrees are only partly supported upstream for MLA models.",
+    )
+
+    rules: ClassVar = (
+        Rule(
+            # Both become command-line values of the engines and the router: a leading '-'
+            # reads as an option there, and whitespace splits the name.
+            cel="self.name.matches('^[^-\\\\s][^\\\\s]*$') && (!has(self.servedName) || "
+            "self.servedName.matches('^[^-\\\\s][^\\\\s]*$'))",
+            message="model.name and model.servedName must not start with '-' or contain "
+            "whitespace: the engines and the router take them as command-line values",
+            check=lambda m: all(
+                re.fullmatch(r"[^-\s][^\s]*", name) is not None
+                for name in (m.name, m.served_name)
+                if name is not None
+            ),
+        ),
     )
 
 
