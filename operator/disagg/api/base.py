@@ -7,6 +7,7 @@ instead of a silently ignored setting.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field
@@ -14,17 +15,20 @@ from pydantic.alias_generators import to_camel
 
 from disagg.api.rules import RuleChecked, add_rules_to_schema
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-DURATION_PATTERN = r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$"
-_UNIT_SECONDS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+"""ASCII digits only, as Go's (and so the API server's) pattern and duration parser read them."""
+_UNIT_NANOSECONDS = {
+    "ns": 1,
+    "us": 10**3,
+    "µs": 10**3,
+    "ms": 10**6,
+    "s": 10**9,
+    "m": 60 * 10**9,
+    "h": 3600 * 10**9,
 }
+_MAX_NANOSECONDS = 2**63 - 1
+"""Go's time.Duration: CEL's duration() refuses anything longer (about 292 years)."""
 
 QUANTITY_PATTERN = (
     r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[kMGTPE]i?|[mkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -42,6 +46,7 @@ class ApiModel(RuleChecked):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,  # as the CRD's schema: no "8" for 8, no 1 for true
         json_schema_extra=add_rules_to_schema,
     )
 
@@ -54,7 +59,13 @@ def parse_duration(text: str) -> float:
     """Seconds in a Go-style duration such as ``250ms``, ``2s`` or ``1m30s``."""
     if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"{text!r} is not a duration such as '250ms', '2s' or '1m30s'")
-    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text))
+    # Whole nanoseconds, truncated, as Go parses it: CEL must see the same value.
+    nanoseconds = sum(
+        int(Decimal(n) * _UNIT_NANOSECONDS[unit]) for n, unit in _DURATION_PART.findall(text)
+    )
+    if nanoseconds > _MAX_NANOSECONDS:
+        raise ValueError(f"{text!r} is longer than the longest duration (about 292 years)")
+    return nanoseconds / 1e9
 
 
 def format_duration(seconds: float) -> str:

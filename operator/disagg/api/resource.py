@@ -85,13 +85,28 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
             message = "unknown field"
         elif item["type"] == "missing":
             message = "required field is missing"
+        elif item["type"] in ("dict_type", "model_type", "model_attributes_type"):
+            message = f"expected a mapping, got {_json_type(item.get('input'))}"
         else:
-            message = item["msg"]
+            message = item["msg"].removeprefix("Value error, ")
             if "input" in item and not isinstance(item["input"], dict | list):
                 message += f" (got {item['input']!r})"
         full = ".".join(p for p in (prefix, path) if p)
         lines.append(f"{full or '<root>'}: {message}")
     return lines
+
+
+def _json_type(value: object) -> str:
+    """A value's type as a manifest's author knows it (JSON's names, not Python's)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    return "a list" if isinstance(value, list) else type(value).__name__
 
 
 def parse_model(manifest: object) -> DisaggregatedModel:
