@@ -30,7 +30,8 @@ from disagg.plan.model import (
 from disagg.plan.reasons import explain, one_mode_reason, split_decision
 from disagg.plan.sizing import UTILIZATION, Bar, Sizing, size
 from disagg.plan.traffic import PlanInputError
-from disagg.plan.windows import MARGIN, Candidate, Context, pool_loads, reachable
+from disagg.plan.windows import Candidate, Context, pool_loads, reachable
+from disagg.sim.baselines import MARGIN
 from disagg.sim.fleet import Mode, PoolName
 
 FINALISTS: Final = {"colocated": 2, "disaggregated": 2}

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from disagg.plan.windows import (
-    MARGIN,
     PEAKS,
     Candidate,
     Context,
@@ -27,6 +26,7 @@ from disagg.plan.windows import (
     pool_loads,
     reachable,
 )
+from disagg.sim.baselines import MARGIN
 from disagg.sim.fleet import PoolName
 
 UTILIZATION: Final = 0.85

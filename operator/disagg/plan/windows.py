@@ -43,8 +43,6 @@ PEAKS: Final = 3
 WHOLE_TRACE: Final = 0.6
 """Simulate the whole trace once the sample covers this share of its windows."""
 
-MARGIN: Final = 0.005
-"""Where the target is out of reach, within half a point of the ceiling counts as met."""
 
 PREFILL_BUDGET: Final = 8192
 """Token budget of prefill engines (what the planned manifest deploys)."""
