@@ -2,11 +2,12 @@
 
 The search starts from the closed-form size for the heaviest window, judges sizes on the
 trace's peak windows (:mod:`disagg.plan.windows`), grows by a quarter until the target is
-met (or the cap, which measures the ceiling), bisects back and trims each pool. When a window
-left out is as heavy, for the size found, as a simulated one that missed requests, it joins
-the sample and the search runs again. When the target is out of reach (long prompts no size
-serves) the goal is half a point under the ceiling, and the size is polished on the whole
-trace, since half a point of sampling error there is half a point of goal.
+met (or the cap, which measures the ceiling), narrows back two sizes at a time and trims each
+pool. When a window left out is as heavy, for the size found, as a simulated one that missed
+requests, it joins the sample and the search runs again. When the target is out of reach
+(long prompts no size serves) the goal is half a point under the ceiling, and the size is
+polished on the whole trace, since half a point of sampling error there is half a point of
+goal.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 from disagg.plan.windows import (
@@ -75,7 +76,6 @@ class Sizing:
     requests: int
     duration: float
     evaluations: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
