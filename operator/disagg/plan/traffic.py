@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Final
 
+from disagg.sim.results import length_stats
 from disagg.sim.traffic import Request, Workload, generate
 
 LENGTH_SPREAD: Final = 0.8
@@ -67,8 +68,8 @@ class Traffic:
 
     def describe(self) -> str:
         """One line: where the traffic comes from, its rate, span and length statistics."""
-        prompts = sorted(r.prompt_tokens for r in self.trace)
-        outputs = sorted(r.output_tokens for r in self.trace)
+        _, prompt_p99 = length_stats([r.prompt_tokens for r in self.trace])
+        _, output_p99 = length_stats([r.output_tokens for r in self.trace])
         shape = ""
         if self.workload is not None:
             arrivals = (
@@ -80,12 +81,8 @@ class Traffic:
         return (
             f"{self.source}{shape}: {len(self.trace)} requests over {self.duration:.0f}s "
             f"({self.rate:.3g} req/s); prompt tokens mean {self.mean_prompt:.0f}, "
-            f"p99 {_p99(prompts)}; output tokens mean {self.mean_output:.0f}, p99 {_p99(outputs)}"
+            f"p99 {prompt_p99}; output tokens mean {self.mean_output:.0f}, p99 {output_p99}"
         )
-
-
-def _p99(ordered: list[int]) -> int:
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0
 
 
 def _synthetic_seconds(rate: float) -> float:

@@ -83,6 +83,12 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def length_stats(lengths: Sequence[int]) -> tuple[float, int]:
+    """Mean and p99 of token counts (a trace's prompts or outputs); zeros when empty."""
+    p99 = percentile(lengths, 0.99)
+    return (sum(lengths) / len(lengths) if lengths else 0.0), int(p99 or 0)
+
+
 def flaps(log: Sequence[tuple[float, str, int, int]], within: float = 300.0) -> int:
     """Scale-downs undone by a scale-up of the same pool within ``within`` seconds."""
     count = 0

@@ -17,6 +17,7 @@ from typing import Any
 from disagg.perf import GPUS, MODELS, NETWORKS
 from disagg.perf.fitted import LATENCY_MODELS
 from disagg.sim.fleet import simulate
+from disagg.sim.results import length_stats
 from disagg.sim.scenario import POLICIES, SHAPES, Scenario, build, requests_for, summarize
 from disagg.sim.traffic import WORKLOADS, Request, load_trace
 
@@ -133,9 +134,8 @@ def trace_stats(name: str, requests: list[Request]) -> dict[str, Any]:
     span = requests[-1].arrival - requests[0].arrival if len(requests) > 1 else 0.0
 
     def stats(values: list[int]) -> dict[str, float]:
-        ordered = sorted(values)
-        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0
-        return {"mean": round(sum(ordered) / max(1, len(ordered)), 1), "p99": p99}
+        mean, p99 = length_stats(values)
+        return {"mean": round(mean, 1), "p99": p99}
 
     return {
         "name": name,
