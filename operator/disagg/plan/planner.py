@@ -28,9 +28,9 @@ from disagg.plan.model import (
     engine_shape,
 )
 from disagg.plan.reasons import explain, one_mode_reason, split_decision
-from disagg.plan.sizing import UTILIZATION, Bar, Sizing, size
+from disagg.plan.sizing import Bar, Profile, Sizing, profile, size
 from disagg.plan.traffic import PlanInputError
-from disagg.plan.windows import Candidate, Context, pool_loads, reachable
+from disagg.plan.windows import Candidate, Context
 from disagg.sim.baselines import MARGIN
 from disagg.sim.fleet import Mode, PoolName
 
@@ -128,10 +128,17 @@ class Guess:
     """A candidate at its closed-form size, and the share of requests it can serve at all."""
 
     option: Option
-    candidate: Candidate
-    reachable: float
+    measured: Profile
     mixed_tpot: float = 0.0
     """Colocated: the mean inter-token time when prompt chunks share the decode steps."""
+
+    @property
+    def candidate(self) -> Candidate:
+        return self.measured.candidate
+
+    @property
+    def reachable(self) -> float:
+        return self.measured.reachable
 
     def hopeless(self, tpot_slo: float) -> bool:
         return self.mixed_tpot > tpot_slo * (1 + HOPELESS_MARGIN)
@@ -139,14 +146,13 @@ class Guess:
 
 def _closed_form(request: PlanRequest, context: Context, candidate: Candidate) -> Guess:
     """The candidate at the size its heaviest window needs by the latency model alone."""
-    loads = pool_loads(context, candidate)
-    sizes = {pool: max(1, math.ceil(max(load) / UTILIZATION)) for pool, load in loads.items()}
-    ok = reachable(context, candidate)
-    gpus = candidate.gpus(sizes)
+    measured = profile(context, candidate)
+    sizes = measured.guess
     duration = max(1e-9, context.requests[-1].arrival - context.requests[0].arrival)
-    option = _shaped(candidate, sizes, goodput_per_gpu=ok.count(True) / duration / gpus)
+    served = measured.ok.count(True) / duration / candidate.gpus(sizes)
+    option = _shaped(candidate, sizes, goodput_per_gpu=served)
     mixed = _mixed_tpot(request, candidate, sizes["decode"]) if candidate.mode == "colocated" else 0
-    return Guess(option, candidate, ok.count(True) / max(1, len(ok)), mixed)
+    return Guess(option, measured, mixed)
 
 
 def _mixed_tpot(request: PlanRequest, candidate: Candidate, replicas: int) -> float:
@@ -210,7 +216,7 @@ def _size_promising(
 
     def run(guesses: list[Guess]) -> list[Sizing]:
         with ThreadPoolExecutor(max_workers=max(1, len(guesses))) as threads:
-            return list(threads.map(lambda g: size(context, g.candidate, executor, bar), guesses))
+            return list(threads.map(lambda g: size(context, g.measured, executor, bar), guesses))
 
     first = [guesses[0] for guesses in ranked.values() if guesses]
     sizings = run(first)

@@ -1,6 +1,7 @@
 """How many replicas one deployment shape needs for a trace (pure).
 
-The search starts from the closed-form size for the heaviest window, judges sizes on the
+The search starts from the closed-form size for the heaviest window (:class:`Profile`, which
+the planner also ranks candidates by), judges sizes on the
 trace's peak windows (:mod:`disagg.plan.windows`), grows by a quarter until the target is
 met (or the cap, which measures the ceiling), narrows back two sizes at a time and trims each
 pool. When a window left out is as heavy, for the size found, as a simulated one that missed
@@ -88,9 +89,35 @@ class Sizing:
         return good / self.duration / self.gpus if self.duration and self.gpus else 0.0
 
 
+@dataclass(frozen=True)
+class Profile:
+    """A candidate measured in closed form on the trace: which requests it can serve at all,
+    and how many engines each window keeps busy per pool."""
+
+    candidate: Candidate
+    ok: list[bool]
+    loads: dict[PoolName, list[float]]
+
+    @property
+    def reachable(self) -> float:
+        """The share of requests any size of this shape could serve."""
+        return self.ok.count(True) / max(1, len(self.ok))
+
+    @property
+    def guess(self) -> dict[PoolName, int]:
+        """The size the heaviest window needs, each engine UTILIZATION busy."""
+        return {
+            pool: max(1, math.ceil(max(load) / UTILIZATION)) for pool, load in self.loads.items()
+        }
+
+
+def profile(context: Context, candidate: Candidate) -> Profile:
+    return Profile(candidate, reachable(context, candidate), pool_loads(context, candidate))
+
+
 def size(
     context: Context,
-    candidate: Candidate,
+    measured: Profile,
     executor: Executor | None = None,
     bar: Bar | None = None,
 ) -> Sizing:
@@ -98,13 +125,9 @@ def size(
     the trace, searched from the closed-form guess (see module doc). A search whose ceiling
     falls short of ``bar`` (what another shape already met) stops there."""
     bar = bar or Bar()
-    ok = reachable(context, candidate)
-    loads = pool_loads(context, candidate)
+    candidate, ok, loads = measured.candidate, measured.ok, measured.loads
     peak = {pool: max(range(len(load)), key=load.__getitem__) for pool, load in loads.items()}
-    sizes = {
-        pool: min(MAX_REPLICAS, max(1, math.ceil(max(load) / UTILIZATION)))
-        for pool, load in loads.items()
-    }
+    sizes = {pool: min(MAX_REPLICAS, n) for pool, n in measured.guess.items()}
     evaluator = Evaluator(context, candidate, ok, loads, executor)
     evaluator.use(
         {w for load in loads.values() for w in _heaviest(load, PEAKS)},
