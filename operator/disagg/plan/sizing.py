@@ -3,8 +3,9 @@
 The search starts from the closed-form size for the heaviest window (:class:`Profile`,
 which the planner also ranks candidates by), judges sizes on the trace's peak windows
 (:mod:`disagg.plan.windows`), grows by a quarter until the target is met (or the cap, which
-measures the ceiling), narrows back two sizes at a time and trims each pool. When a window left out is as heavy, for the size found, as a simulated one that missed
-requests, it joins the sample and the search runs again. When the target is out of reach
+measures the ceiling), narrows back two sizes at a time and trims each pool. When a window
+left out is as heavy, for the size found, as a simulated one that missed requests, it joins
+the sample and the search runs again. When the target is out of reach
 (long prompts no size serves) the goal is half a point under the ceiling, and the size is
 polished on the whole trace, since half a point of sampling error there is half a point of
 goal.
