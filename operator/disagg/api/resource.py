@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
+from disagg.nesting import path_deeper_than
 
 GROUP: Final = "disagg.dev"
 VERSION: Final = "v1alpha1"
@@ -145,17 +146,10 @@ far deeper ones would exhaust the stack of whatever walks them (rendering, seria
 
 def _too_deep(manifest: object) -> str | None:
     """The path (abbreviated) of the first value nested past MAX_MANIFEST_DEPTH, or None."""
-    stack: list[tuple[object, tuple[str, ...]]] = [(manifest, ())]
-    while stack:
-        value, path = stack.pop()
-        if len(path) > MAX_MANIFEST_DEPTH:
-            shown = ".".join(path[:6]).replace(".[", "[")
-            return f"{shown}... ({len(path)} levels)"
-        if isinstance(value, dict):
-            stack += [(v, (*path, str(k))) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(v, (*path, f"[{i}]")) for i, v in enumerate(value)]
-    return None
+    path = path_deeper_than(manifest, MAX_MANIFEST_DEPTH)
+    if path is None:
+        return None
+    return ".".join(path[:6]).replace(".[", "[") + f"... ({len(path)} levels)"
 
 
 METADATA_NAME_RULE_MESSAGE: Final = (

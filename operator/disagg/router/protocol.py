@@ -14,6 +14,8 @@ import copy
 import json
 from typing import Any, Final
 
+from disagg.nesting import levels
+
 PREFILL_KV_PARAMS: Final[dict[str, Any]] = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -82,22 +84,9 @@ def parse_body(raw: bytes, charset: str | None) -> tuple[object, tuple[int, str]
         return None, (400, f"the request body is nested deeper than {MAX_DEPTH} levels")
     except ValueError as error:  # also an integer literal longer than Python converts
         return None, (400, f"the request body is not valid JSON: {error}")
-    if _depth(body) > MAX_DEPTH:
+    if levels(body) + 1 > MAX_DEPTH:  # the body itself is the first level
         return None, (400, f"the request body is nested deeper than {MAX_DEPTH} levels")
     return body, None
-
-
-def _depth(value: object) -> int:
-    """Nesting depth of parsed JSON, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if isinstance(item, dict):
-            stack += [(v, depth + 1) for v in item.values()]
-        elif isinstance(item, list):
-            stack += [(v, depth + 1) for v in item]
-    return deepest
 
 
 def validate(body: object, kind: str, served_model_name: str | None) -> tuple[int, str] | None:
