@@ -1,5 +1,5 @@
-"""The ``spec`` of a DisaggregatedModel: what the user asks for (network and autoscaling
-settings live in their own modules and are re-exported here).
+"""The ``spec`` of a DisaggregatedModel: what the user asks for (the model, network and
+autoscaling settings live in their own modules and are re-exported here).
 
 Field descriptions become ``kubectl explain`` text through the generated CRD, so they are
 written for the person reading them there. Cross-field rules live next to the model they
@@ -8,7 +8,6 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -20,6 +19,7 @@ from disagg.api.autoscaling import (
     ScaleUpBehavior,
 )
 from disagg.api.base import ApiModel, Quantity
+from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
 from disagg.api.rules import Rule
 
@@ -28,13 +28,6 @@ KvConnector = Literal["nixl", "mooncake", "lmcache"]
 Role = Literal["prefill", "decode"]
 
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-
-
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the model's namespace."""
-
-    name: str = Field(min_length=1, description="Name of the Secret.")
-    key: str = Field(default="token", min_length=1, description="Key inside the Secret.")
 
 
 class EnvVar(ApiModel):
@@ -64,88 +57,6 @@ class ResourceRequirements(ApiModel):
     )
     limits: dict[str, Quantity] = Field(
         default_factory=dict, description="Maximum resources, e.g. {memory: 128Gi}."
-    )
-
-
-class HuggingFaceSource(ApiModel):
-    """Download the model from the Hugging Face Hub when the engine starts."""
-
-    token_secret_ref: SecretKeyRef | None = Field(
-        default=None,
-        description="Secret holding a Hugging Face access token (exported as HF_TOKEN); "
-        "needed for gated models such as Llama.",
-    )
-    revision: str | None = Field(default=None, description="Branch, tag or commit to load.")
-
-
-class PvcSource(ApiModel):
-    """Load the model from a PersistentVolumeClaim mounted read-only at /models."""
-
-    claim_name: str = Field(min_length=1, description="Name of the PersistentVolumeClaim.")
-
-
-class ModelSource(ApiModel):
-    """Where the weights come from. Defaults to the Hugging Face Hub without a token."""
-
-    hugging_face: HuggingFaceSource | None = Field(
-        default=None, description="Download from the Hugging Face Hub."
-    )
-    pvc: PvcSource | None = Field(
-        default=None,
-        description="Read from a PVC; spec.model.name is then the path inside the volume.",
-    )
-
-    rules: ClassVar = (
-        Rule(
-            cel="!(has(self.huggingFace) && has(self.pvc))",
-            message="model.source: choose one of huggingFace or pvc",
-            check=lambda m: not (m.hugging_face is not None and m.pvc is not None),
-        ),
-    )
-
-
-class ModelSpec(ApiModel):
-    """The model to serve. Both pools load exactly the same model string."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=512,
-        description="Hugging Face model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or, with a "
-        "pvc source, the model's directory inside the volume.",
-    )
-    served_name: str | None = Field(
-        default=None,
-        min_length=1,
-        description="Name clients put in the request's `model` field and the `model_name` "
-        "metric label. Default: spec.model.name.",
-    )
-    source: ModelSource = Field(
-        default_factory=ModelSource, description="Where the weights come from."
-    )
-    max_model_len: int | None = Field(
-        default=None, ge=16, description="Maximum context length in tokens. Default: the model's."
-    )
-    mla: bool = Field(
-        default=False,
-        description="The model uses multi-head latent attention (DeepSeek-V2/V3): its KV "
-        "cache is replicated across tensor-parallel ranks (smaller per token). Different "
-        "prefill and decode TP degrees are only partly supported upstream for MLA models.",
-    )
-
-    rules: ClassVar = (
-        Rule(
-            # Both become command-line values of the engines and the router: a leading '-'
-            # reads as an option there, and whitespace splits the name.
-            cel="self.name.matches('^[^-\\\\s][^\\\\s]*$') && (!has(self.servedName) || "
-            "self.servedName.matches('^[^-\\\\s][^\\\\s]*$'))",
-            message="model.name and model.servedName must not start with '-' or contain "
-            "whitespace: the engines and the router take them as command-line values",
-            check=lambda m: all(
-                re.fullmatch(r"[^-\s][^\s]*", name) is not None
-                for name in (m.name, m.served_name)
-                if name is not None
-            ),
-        ),
     )
 
 
@@ -405,6 +316,7 @@ __all__ = [
     "EngineSpec",
     "EnvVar",
     "KvConnector",
+    "ModelSource",
     "ModelSpec",
     "NetworkSpec",
     "PoolSpec",
@@ -414,5 +326,6 @@ __all__ = [
     "RouterSpec",
     "ScaleDownBehavior",
     "ScaleUpBehavior",
+    "SecretKeyRef",
     "Transport",
 ]
