@@ -127,3 +127,41 @@ def test_prompts_slow_only_because_they_are_batched_are_load_not_unreachable() -
     decision = decide_pool("prefill", signals, 1, 1, PREFILL, RULES, memory, None, NOW)
     assert decision.unreachable is None, decision.unreachable
     assert decision.action == "up", decision.reason
+
+
+def decode(running: float, at: float, **extra: object) -> Signals:
+    values: dict[str, object] = {
+        "p99": 0.01, "request_rate": 10.0, "running": running, "queue": 0.0,
+        "pods_reporting": 16, "sampled_at": at,
+    }  # fmt: skip
+    values.update(extra)
+    return Signals(**values)  # type: ignore[arg-type]
+
+
+def test_a_decode_backlog_is_drained_over_a_minute_not_held_all_at_once() -> None:
+    # One saturated replica runs 200 sequences of 20 s each (10 finish per second) with 600
+    # waiting. Holding all 800 at once would take 4 replicas at 230 each; draining the 600
+    # over a minute keeps 200 + 10/s x 20 s = 400 running: 2 replicas.
+    signals = decode(200.0, NOW, queue=600.0)
+    decision = decide_pool("decode", signals, 1, 1, DECODE, RULES, PoolMemory(), None, NOW)
+    assert decision.action == "up" and decision.desired == 2, decision.reason
+
+
+def run_decode(running: float, replicas: int, seconds: float) -> list[tuple[float, int, int]]:
+    memory, t, downs = PoolMemory(), NOW, []
+    while t < NOW + seconds:
+        signals = decode(running, t)
+        decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
+                               None, t)  # fmt: skip
+        if decision.desired != replicas:
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas = decision.desired
+        t += 15
+    return downs
+
+
+def test_a_pool_shrinks_only_to_a_size_its_load_fills_to_at_most_80_percent() -> None:
+    # 420 sequences fit two replicas of 230, at 95%: the next fluctuation would scale back up.
+    assert run_decode(420.0, 3, 900) == []
+    # 300 fill two replicas to 68%: one move down, after the stabilization window.
+    assert run_decode(300.0, 3, 900) == [(300.0, 3, 2)]

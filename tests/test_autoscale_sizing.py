@@ -101,3 +101,14 @@ def test_tp_to_meet_doubles_until_the_time_fits() -> None:
     assert sizing.tp_to_meet(8, 5.0, 3.0) == 16
     assert sizing.tp_to_meet(8, 10.0, 3.0) == 32
     assert sizing.tp_to_meet(4, 1.0, 3.0) == 4
+
+
+def test_a_step_is_not_a_trend() -> None:
+    # Flat for a delay, then a jump: the load estimate already sees the new level, and
+    # extrapolating the jump would order replicas for a rise that has ended.
+    step = [(t, 10.0 if t < 180 else 30.0) for t in range(0, 241, 15)]
+    assert sizing.trend(step, 120) == 1.0
+    # A rise seen in both delays at the same relative pace is extrapolated (linearly: 1.3x
+    # where the curve itself reaches 1.43x one delay on).
+    growing = [(t, 10 * 1.003**t) for t in range(0, 241, 15)]
+    assert 1.25 < sizing.trend(growing, 120) < 1.45

@@ -15,6 +15,9 @@ from disagg.autoscale import sizing
 from disagg.autoscale.model import Behavior, PoolMemory, PoolName, PoolPolicy, Signals
 
 KV_USAGE_TARGET: Final = 0.85
+DOWN_HEADROOM: Final = 0.8
+"""A pool shrinks only to a size its demand fills to at most 80%: a size the load only just
+fits is one the next fluctuation scales back up (a flap)."""
 UNREACHABLE_REPORT: Final = 0.001
 """Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
 UNREACHABLE_MARK: Final = "at any size"
@@ -27,6 +30,8 @@ class Need:
 
     replicas: int
     why: str
+    keep: int = 0
+    """The fewest replicas a scale-down may leave: the demand fills them to DOWN_HEADROOM."""
     drain_per_request: float | None = None
     """Prefill: seconds of one replica's time a waiting prompt costs."""
     wait_budget: float | None = None
@@ -55,23 +60,46 @@ def feed_forward(
         service = mean_prompt / speed
         buckets = prefill_alone(signals, memory)
         # Engines count what they finished; under saturation arrivals also fill the queue.
-        arrivals = (rate + growing) * headroom + (signals.queue or 0.0) / sizing.DRAIN_SECONDS
+        offered = (rate + growing) * headroom
+        arrivals = offered + (signals.queue or 0.0) / sizing.DRAIN_SECONDS
         budgets = sizing.wait_budgets(policy.slo, buckets, service)
-        n = sizing.prefill_replicas(arrivals, service, budgets, policy.max_replicas + 1)
+        limit = policy.max_replicas + 1
+        n = sizing.prefill_replicas(arrivals, service, budgets, limit)
+        keep = sizing.prefill_replicas(arrivals / DOWN_HEADROOM, service, budgets, limit)
         typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
+        backlog = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (
-            f"{rate + growing:.2f} req/s x {headroom:.2f} headroom, {mean_prompt:.0f}-token "
-            f"prompts at {speed:.0f} tokens/s per replica, most may wait {typical:.2f}s"
+            f"{rate + growing:.2f} req/s x {headroom:.2f} headroom{backlog}, "
+            f"{mean_prompt:.0f}-token prompts at {speed:.0f} tokens/s per replica, "
+            f"most may wait {typical:.2f}s"
         )
-        return Need(n, why, service, typical)
+        return Need(n, why, keep, service, typical)
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
-    sequences = ((signals.running or 0.0) + (signals.queue or 0.0)) * headroom
+    sequences = decode_sequences(signals, growing) * headroom
     n = sizing.decode_replicas(sequences, batch)
+    keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
     return Need(
-        n, f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})"
+        n,
+        f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})",
+        keep,
     )
+
+
+def decode_sequences(signals: Signals, growing: float) -> float:
+    """Sequences the decode pool must hold at once (Little's law: arrivals x lifetime).
+
+    A saturated pool runs what it holds and queues the rest; the queue is not all demand at
+    once: what it grows by per second, plus the backlog drained over DRAIN_SECONDS, each stays
+    one sequence lifetime (running over completions per second).
+    Never more than running plus waiting: that is every sequence there is."""
+    running, queue = signals.running or 0.0, signals.queue or 0.0
+    rate = signals.request_rate
+    if not queue or not rate or not running:
+        return running + queue
+    lifetime = running / rate
+    return min(running + queue, running + (growing + queue / sizing.DRAIN_SECONDS) * lifetime)
 
 
 def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, float], ...]:
@@ -168,7 +196,7 @@ def pool_demand(pool: PoolName, signals: Signals, growing: float) -> float | Non
     (a wave of long prompts moves it at a constant request rate), sequences a decode pool
     holds."""
     if pool == "decode":
-        return None if signals.running is None else signals.running + (signals.queue or 0.0)
+        return None if signals.running is None else decode_sequences(signals, growing)
     rate, tokens = signals.request_rate, signals.prompt_tokens_rate
     if not rate or tokens is None:
         return rate

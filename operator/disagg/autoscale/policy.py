@@ -19,9 +19,10 @@ no load estimate yet. The inputs and what the policy remembers are in
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
   undone within 5 minutes: bursts that come back are learned), at most ``scaleDown.maxStep``
-  at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO; without a
-  load estimate, only when one replica fewer would still meet the SLO; an idle pool (no
-  requests at all) goes down to its minimum;
+  at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
+  size the load fills to at most 80% (a size it only just fits is one the next fluctuation
+  scales back up); without a load estimate, only when one replica fewer would still meet the
+  SLO; an idle pool (no requests at all) goes down to its minimum;
 * **unreachable**: prompts whose prefill alone exceeds the TTFT SLO (or a decode step that
   misses TPOT with almost nothing batched) miss at any size; they do not drive scaling, and
   the decision says which share of requests it is and which TP degree would serve them;
@@ -41,6 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from disagg.autoscale.load import (
+    DOWN_HEADROOM,
     KV_USAGE_TARGET,
     UNREACHABLE_MARK,
     feed_forward,
@@ -68,8 +70,6 @@ __all__ = [
 Action = Literal["up", "down", "hold"]
 
 QUEUE_PER_REPLICA_TARGET: Final = 2.0
-DOWN_HEADROOM: Final = 0.8
-"""Scale down only if the latency with one replica fewer stays under 80% of the SLO."""
 MIN_TOLERANCE: Final = 0.1
 UNREACHABLE_P99: Final = 0.01
 """At 1% they alone put the p99 over the SLO: latency stops driving that pool."""
@@ -244,7 +244,7 @@ def decide_pool(
     if idle:
         recommendation = policy.min_replicas
     elif need is not None:
-        recommendation = max(policy.min_replicas, need.replicas) if quiet else current
+        recommendation = max(policy.min_replicas, need.replicas, need.keep) if quiet else current
     else:
         # No load model: shrink only if one replica fewer would still meet the SLO.
         fewer = max(1, current - 1)

@@ -13,15 +13,17 @@ the pool must be now. Both pools are sized here from what their engines report:
   the TTFT SLO leaves after its own prefill (per bucket of the prefill-time histogram: a
   short prompt may wait almost the whole SLO, one near it hardly at all); the pool is the
   fewest replicas that keep that share under the target.
-* **decode** holds sequences. Little's law makes the running plus waiting sequences the
-  demand; a replica holds ``batch`` of them while its step still meets the TPOT SLO. That
+* **decode** holds sequences. Little's law makes the running sequences plus what the queue
+  adds (its growth and its backlog drained over a minute, each held one sequence lifetime)
+  the demand; a replica holds ``batch`` of them while its step still meets the TPOT SLO. That
   batch is learned online (:func:`learn_batch`): lowered to what a replica held when TPOT
   broke, raised to what it held while TPOT met the SLO with margin.
 * **headroom**: demand (arrivals for prefill, sequences for decode) is multiplied by where
-  its rise over the last two provisioning delays leads one delay from now (so the replicas
-  ordered now are enough when they arrive) and by the uncertainty of the rate estimate
-  itself. Surprise bursts are not predicted; the policy learns their return instead (see
-  the scale-down look-back in :mod:`disagg.autoscale.policy`).
+  its rise over the last two provisioning delays (a rise seen in both: a step is not a
+  trend) leads one delay from now (so the replicas ordered now are enough when they arrive)
+  and by the uncertainty of the rate estimate itself. Surprise bursts are not predicted; the
+  policy learns their return instead (see the scale-down look-back in
+  :mod:`disagg.autoscale.policy`).
 * **unreachable**: a prompt whose prefill alone exceeds the TTFT SLO misses it at any pool
   size; :func:`share_above` measures that share from the prefill-time histogram and
   :func:`tp_to_meet` names the tensor-parallel degree that would serve it.
@@ -160,28 +162,44 @@ def noise(events: float) -> float:
     return 1 + 1 / math.sqrt(max(1.0, events))
 
 
-def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
-    """The demand one ``delay`` from now over the demand now, from a least-squares line
-    through the last two delays of samples (1 when flat or falling), at most GROWTH_CAP.
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """Least-squares (slope, mean value, mean time) of (time, value) points; None without a
+    time spread."""
+    n = len(points)
+    if n < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / n
+    mean_d = sum(d for _, d in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if not spread:
+        return None
+    return sum((t - mean_t) * (d - mean_d) for t, d in points) / spread, mean_d, mean_t
 
-    Fitting over two delays, not the last few samples, keeps the rate estimate's own noise
-    from being extrapolated into replicas."""
+
+def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
+    """The demand one ``delay`` from now over the demand now (1 when flat or falling), at most
+    GROWTH_CAP.
+
+    A trend is a rise seen in both of the last two delays: the newer delay's slope is
+    extrapolated in the proportion the older one rose as fast (relative to its level). A
+    step (flat, then a jump) has no trend: extrapolating the jump would order replicas for a
+    rise that already ended, and the load estimate sees the new level anyway. Fitting whole
+    delays, not the last few samples, keeps the rate estimate's own noise out of it."""
     if not demand:
         return 1.0
     now = demand[-1][0]
     # A rise from nothing is traffic starting, not a trend to extrapolate.
     recent = [(t, d) for t, d in demand if now - 2 * delay <= t and d > 0]
-    if len(recent) < 3 or now - recent[0][0] < delay:
+    if len(recent) < 4 or now - recent[0][0] < delay:
         return 1.0
-    n = len(recent)
-    mean_t = sum(t for t, _ in recent) / n
-    mean_d = sum(d for _, d in recent) / n
-    spread = sum((t - mean_t) ** 2 for t, _ in recent)
-    slope = sum((t - mean_t) * (d - mean_d) for t, d in recent) / spread if spread else 0.0
-    fitted = mean_d + slope * (now - mean_t)
-    if fitted <= 0 or slope <= 0:
+    older = _line([(t, d) for t, d in recent if t < now - delay])
+    newer = _line([(t, d) for t, d in recent if t >= now - delay])
+    if older is None or newer is None or older[0] <= 0 or newer[0] <= 0:
         return 1.0
-    return max(1.0, min(GROWTH_CAP, (fitted + slope * delay) / fitted))
+    (old_slope, old_mean, _), (slope, mean, mean_t) = older, newer
+    sustained = min(1.0, (old_slope / old_mean) / (slope / mean))
+    level = mean + slope * (now - mean_t)  # the newer line, now
+    return max(1.0, min(GROWTH_CAP, 1 + sustained * slope * delay / level))
 
 
 def headroom(demand: Sequence[tuple[float, float]], delay: float, events: float) -> float:
