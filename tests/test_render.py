@@ -330,6 +330,8 @@ def test_external_mode_renders_keda_scaled_objects_from_the_same_queries() -> No
     assert (prefill["minReplicaCount"], prefill["maxReplicaCount"]) == (1, 6)
     trigger = prefill["triggers"][0]
     assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1.5"
+    # A p99 is not divided among replicas: the HPA's proportional rule, not per-pod averages.
+    assert trigger["metricType"] == "Value"
     assert trigger["metadata"]["query"] == (
         "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
         '{namespace="inference",disagg_model="llama-8b",disagg_role="prefill"}[120s])))'

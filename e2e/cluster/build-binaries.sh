@@ -63,6 +63,26 @@ if [[ "$want" == all || "$want" == k8s ]]; then
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 fi
+if [[ "$want" == all || "$want" == keda ]]; then
+  # KEDA's own ScaledObject CRD, from its Go module (fetched like the Kubernetes sources), so
+  # the external-mode e2e proves the API server accepts what the operator renders.
+  keda_version="$(cat "$here/keda.version")"
+  dir="$cache/crds/keda-$keda_version"
+  if [[ ! -f "$dir/.complete" ]]; then
+    echo "build-binaries: fetching KEDA $keda_version's CRDs"
+    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
+      "github.com/kedacore/keda/v2@$keda_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+    if [[ -z "$src" || ! -f "$src/config/crd/bases/keda.sh_scaledobjects.yaml" ]]; then
+      echo "build-binaries: KEDA $keda_version's module has no ScaledObject CRD" >&2
+      exit 1
+    fi
+    mkdir -p "$dir"
+    cp "$src/config/crd/bases/keda.sh_scaledobjects.yaml" "$dir/"
+    touch "$dir/.complete"
+  fi
+  ln -sfn "$dir" "$cache/crds/keda"
+  echo "build-binaries: KEDA's CRDs are in $dir"
+fi
 if [[ "$want" == all || "$want" == helm ]] && [[ -d "$here/helm" ]]; then
   build_set helm "-s -w" helm.sh/helm/v3/cmd/helm
 fi

@@ -34,7 +34,11 @@ CHILD_KINDS = (
     "Service",
     "PodDisruptionBudget",
     "Deployment",
+    "HorizontalPodAutoscaler",
+    "ScaledObject",
 )
+OPTIONAL_KINDS = frozenset({"ScaledObject"})
+"""Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ async def _apply_children(
     body: Obj,
 ) -> int:
     applied = 0
+    created: list[str] = []
+    updated: list[str] = []
     for obj in desired:
         stamped = stamp(obj)
         key = (obj["kind"], obj["metadata"]["name"])
@@ -108,9 +114,17 @@ async def _apply_children(
             # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
             await _hand_over_replicas(client, model, role, None)
         applied += 1
-        verb = "Created" if current is None else "Updated"
-        await recorder.normal(body, verb, f"{verb.lower()} {obj['kind']} {obj['metadata']['name']}")
+        (updated if current is not None else created).append(_named(obj))
+    if created or updated:
+        # One Event per pass, not one per child: a new model is one change to the user.
+        parts = [f"{verb} {', '.join(names)}" for verb, names in
+                 (("created", created), ("updated", updated)) if names]  # fmt: skip
+        await recorder.normal(body, "Created" if created else "Updated", "; ".join(parts))
     return applied
+
+
+def _named(obj: Obj) -> str:
+    return f"{obj['kind']} {obj['metadata']['name']}"
 
 
 async def _hand_over_replicas(
@@ -139,18 +153,18 @@ async def _prune(
     body: Obj,
 ) -> int:
     wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
-    pruned = 0
+    deleted: list[str] = []
     for (kind, name), obj in sorted(live.items()):
         if (kind, name) in wanted or not _owned_by(obj, uid):
             continue
         if await client.delete(
             kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
         ):
-            pruned += 1
-            await recorder.normal(
-                body, "Deleted", f"deleted {kind} {name}: no longer wanted by the spec"
-            )
-    return pruned
+            deleted.append(f"{kind} {name}")
+    if deleted:
+        message = f"deleted {', '.join(deleted)}: no longer wanted by the spec"
+        await recorder.normal(body, "Deleted", message)
+    return len(deleted)
 
 
 async def _list_children(
@@ -158,7 +172,13 @@ async def _list_children(
 ) -> dict[tuple[str, str], Obj]:
     live: dict[tuple[str, str], Obj] = {}
     for kind in CHILD_KINDS:
-        for obj in await client.list_objects(kind, namespace, model_selector(name)):
+        try:
+            objects = await client.list_objects(kind, namespace, model_selector(name))
+        except KubeError as error:
+            if error.status == 404 and kind in OPTIONAL_KINDS:
+                continue
+            raise
+        for obj in objects:
             live[(kind, obj["metadata"]["name"])] = obj
     return live
 

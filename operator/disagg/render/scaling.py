@@ -2,8 +2,9 @@
 
 With ``spec.autoscaling.mode: external`` the operator leaves replica counts to these objects.
 The SLO is the target: KEDA's Prometheus trigger (or the HPA's external metric, served by
-prometheus-adapter under the names below) compares each pool's p99 with its SLO, and the
-spec's speed limits become the HPA ``behavior``.
+prometheus-adapter under the names below) compares each pool's p99 with its SLO as a
+``Value`` target, so the HPA sizes the pool by ``ceil(replicas x p99 / SLO)`` (within its
+tolerance), and the spec's speed limits become the HPA ``behavior``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ def render_scaler(ctx: RenderContext, role: Role) -> Manifest:
                 "triggers": [
                     {
                         "type": "prometheus",
+                        # Value: desired = ceil(replicas x p99 / SLO), the HPA's proportional
+                        # rule. KEDA's default (AverageValue) would divide the p99 by the SLO
+                        # alone, whatever the pool's size.
+                        "metricType": "Value",
                         "metadata": {
                             "serverAddress": spec.autoscaling.prometheus_url,
                             "query": latency_query(ctx, role),

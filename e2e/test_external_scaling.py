@@ -1,0 +1,141 @@
+"""External autoscaling against the real API server, with KEDA's own ScaledObject CRD.
+
+KEDA's CRD comes from its Go module (``make binaries`` fetches the version pinned in
+e2e/cluster/keda.version); the HPA is the built-in ``autoscaling/v2``. The API server's
+validation decides whether what the operator renders is accepted, an unchanged model costs
+no writes (Events included), and switching the scaler or the mode prunes the one that is no
+longer wanted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness import EXAMPLES, Kube, Operator, condition, wait_for
+
+CACHE = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache/disagg"))
+KEDA_CRD = CACHE / "crds" / "keda" / "keda.sh_scaledobjects.yaml"
+MODEL = "llama-8b"
+SELECTOR = f"disagg.dev/model={MODEL}"
+
+
+@pytest.fixture
+def keda(kube: Kube) -> Iterator[None]:
+    if not KEDA_CRD.exists():
+        pytest.fail(f"KEDA's ScaledObject CRD is missing at {KEDA_CRD}: run `make binaries`")
+    kube.run("apply", "--server-side", "-f", str(KEDA_CRD))
+    kube.run("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    yield
+    kube.run("delete", "-f", str(KEDA_CRD), "--wait=false", check=False)
+
+
+def _model(**autoscaling: Any) -> str:
+    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / "llama-8b-nixl-rdma.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    manifest["spec"]["autoscaling"].update(autoscaling)
+    return yaml.safe_dump(manifest)
+
+
+def _scalers(kube: Kube, namespace: str, resource: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in kube.items(resource, namespace, SELECTOR)}
+
+
+def _both(scalers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """The scalers once there is one per pool."""
+    return scalers if len(scalers) == 2 else None
+
+
+def _settled(kube: Kube, namespace: str) -> bool:
+    progressing = condition(kube.get("dm", MODEL, namespace), "Progressing")
+    return progressing is not None and progressing["status"] == "False"
+
+
+def _created_events(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    events = kube.items("events", namespace)
+    return [e for e in events if e.get("reason") == "Created"]
+
+
+def test_scalers_are_accepted_written_once_and_pruned_on_a_switch(
+    kube: Kube, keda: None, namespace: str
+) -> None:
+    # An operator of its own, scoped to this namespace, so other tests' writes do not count.
+    operator = Operator(
+        kube.layout,
+        f"--namespace={namespace}",
+        "--no-leader-election",
+        "--resync-seconds=2",
+        log_name="external",
+    )
+    try:
+        kube.apply(_model(enabled=True, mode="external", externalScaler="keda"), namespace)
+        scaled = wait_for(
+            "both pools' ScaledObjects",
+            lambda: _both(_scalers(kube, namespace, "scaledobjects.keda.sh")),
+            timeout=60,
+        )
+        prefill = scaled[f"{MODEL}-prefill"]["spec"]
+        assert prefill["scaleTargetRef"]["name"] == f"{MODEL}-prefill"
+        assert prefill["triggers"][0]["metricType"] == "Value"
+        assert prefill["triggers"][0]["metadata"]["threshold"] == "1.5"
+        wait_for("the model's status to settle", lambda: _settled(kube, namespace), timeout=60)
+
+        writes = operator.writes(exclude=("Lease",))
+        passes = operator.reconciles()
+        wait_for(
+            "three more reconcile passes", lambda: operator.reconciles() >= passes + 3, timeout=30
+        )
+        assert operator.writes(exclude=("Lease",)) == writes
+        # One Event for the new model, naming every child it created, scalers included.
+        created = _created_events(kube, namespace)
+        assert len(created) == 1 and created[0].get("count", 1) == 1, created
+        message = created[0]["message"]
+        for child in ("Deployment llama-8b-prefill", "ScaledObject llama-8b-prefill",
+                      "ScaledObject llama-8b-decode"):  # fmt: skip
+            assert child in message, message
+
+        kube.apply(_model(enabled=True, mode="external", externalScaler="hpa"), namespace)
+        hpas = wait_for(
+            "HPAs in place of the ScaledObjects",
+            lambda: (
+                None
+                if _scalers(kube, namespace, "scaledobjects.keda.sh")
+                else _both(_scalers(kube, namespace, "hpa"))
+            ),
+            timeout=60,
+        )
+        target = hpas[f"{MODEL}-decode"]["spec"]["metrics"][0]["external"]["target"]
+        assert target["type"] == "Value" and target["value"] in ("40m", "0.04")
+
+        kube.apply(_model(enabled=True, mode="builtin"), namespace)
+        wait_for(
+            "the HPAs to be pruned",
+            lambda: not _scalers(kube, namespace, "hpa"),
+            timeout=60,
+        )
+    finally:
+        operator.stop()
+
+
+def test_hpa_mode_works_on_a_cluster_without_keda(kube: Kube, namespace: str) -> None:
+    # KEDA's CRD is gone (the test above removes it): its list answers 404, which means no
+    # ScaledObjects, not a failed pass.
+    kube.run("wait", "--for=delete", "crd/scaledobjects.keda.sh", "--timeout=60s", check=False)
+    operator = Operator(
+        kube.layout,
+        f"--namespace={namespace}",
+        "--no-leader-election",
+        "--resync-seconds=2",
+        log_name="no-keda",
+    )
+    try:
+        kube.apply(_model(enabled=True, mode="external", externalScaler="hpa"), namespace)
+        wait_for("both HPAs", lambda: len(_scalers(kube, namespace, "hpa")) == 2, timeout=60)
+        wait_for("the model's status to settle", lambda: _settled(kube, namespace), timeout=60)
+    finally:
+        operator.stop()
