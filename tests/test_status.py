@@ -99,6 +99,25 @@ def test_unschedulable_pods_degrade_with_the_scheduler_message() -> None:
     )
 
 
+def test_a_deployment_that_cannot_create_pods_degrades_with_the_controllers_message() -> None:
+    # What the ReplicaSet controller reports when admission refuses the pods.
+    refused = _deployment(1, 0)
+    refused["status"]["conditions"] = [{
+        "type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+        "message": 'pods "m-decode-7d9f" is forbidden: no PriorityClass with name '
+                   "inference-critical was found",
+    }]  # fmt: skip
+    deployments = {**_healthy(), "decode": refused}
+    status = compute_status(Observed(generation=1, deployments=deployments), None, T0)
+    degraded = _cond(status, "Degraded")
+    assert degraded.status == "True" and degraded.reason == "ReplicaFailure"
+    assert degraded.message.startswith("decode: pods ")
+    assert "no PriorityClass with name inference-critical" in degraded.message
+    # Once the controller creates the pods again, the condition clears.
+    healed = compute_status(Observed(generation=1, deployments=_healthy()), status, T1)
+    assert _cond(healed, "Degraded").status == "False"
+
+
 def test_transition_time_moves_only_when_status_changes() -> None:
     first = compute_status(Observed(generation=1, deployments=_healthy()), None, T0)
     same = compute_status(Observed(generation=2, deployments=_healthy()), first, T1)

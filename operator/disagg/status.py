@@ -5,9 +5,12 @@ The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
 * ``Ready`` is True only when the prefill pool, the decode pool and (when enabled) the
   router each have at least one ready replica.
 * ``Progressing`` is True while a Deployment rolls out or moves toward its replica count.
-* ``Degraded`` is True with reason ``Unschedulable`` when pool pods cannot be placed (the
-  scheduler's message says what is missing: GPUs, the RDMA resource, a node selector), or
-  with ``InvalidSpec`` when the spec fails validation.
+* ``Degraded`` is True with reason ``ReplicaFailure`` when a Deployment cannot create its
+  pods (a missing PriorityClass, a quota, Pod Security admission, a webhook: the
+  controller's message says which), ``Unschedulable`` when pool pods cannot be placed (the
+  scheduler's message says what is missing: GPUs, the RDMA resource, a node selector),
+  ``ApplyRejected`` when the API server refused a child (its message), or ``InvalidSpec``
+  when the spec fails validation.
 * ``lastTransitionTime`` only moves when a condition's status changes.
 """
 
@@ -99,6 +102,16 @@ def unschedulable_pods(pods: list[Obj]) -> list[str]:
     return lines
 
 
+def replica_failures(deployments: Mapping[str, Obj | None]) -> list[str]:
+    """One line per Deployment whose controller cannot create pods, with the server's reason."""
+    lines = []
+    for role, deployment in deployments.items():
+        for cond in (deployment or {}).get("status", {}).get("conditions", []):
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                lines.append(f"{role}: {cond.get('message', cond.get('reason', '')).strip()}")
+    return lines
+
+
 def _condition(
     type_: ConditionType,
     status: Literal["True", "False", "Unknown"],
@@ -185,11 +198,12 @@ def compute_status(
             now,
         )
 
+    failed = replica_failures(obs.deployments)
     stuck = unschedulable_pods(obs.pods)
-    if stuck:
-        degraded = _condition(
-            "Degraded", "True", "Unschedulable", "; ".join(stuck), gen, prev_conditions, now
-        )
+    if failed or stuck:
+        reason = "ReplicaFailure" if failed else "Unschedulable"
+        message = "; ".join([*failed, *stuck])
+        degraded = _condition("Degraded", "True", reason, message, gen, prev_conditions, now)
     else:
         degraded = _condition("Degraded", "False", "AsExpected", "", gen, prev_conditions, now)
 
@@ -230,14 +244,17 @@ def compute_status(
 
 
 def invalid_status(
-    problems: list[str], generation: int, previous: DisaggregatedModelStatus | None, now: str
+    problems: list[str],
+    generation: int,
+    previous: DisaggregatedModelStatus | None,
+    now: str,
+    reason: str = "InvalidSpec",
 ) -> DisaggregatedModelStatus:
-    """Status of a model whose spec is invalid: Degraded/InvalidSpec, children left as they are."""
+    """Status of a model whose children cannot be brought in line (the spec is invalid, or
+    the API server refused a child): Degraded with ``reason``, everything else as it was."""
     prev_conditions = {c.type: c for c in (previous.conditions if previous else [])}
     message = "; ".join(problems)
-    degraded = _condition(
-        "Degraded", "True", "InvalidSpec", message, generation, prev_conditions, now
-    )
+    degraded = _condition("Degraded", "True", reason, message, generation, prev_conditions, now)
     kept = [c for c in (previous.conditions if previous else []) if c.type != "Degraded"]
     base = previous or DisaggregatedModelStatus()
     return base.model_copy(update={"conditions": _order([*kept, degraded])})

@@ -37,6 +37,8 @@ CHILD_KINDS = (
     "HorizontalPodAutoscaler",
     "ScaledObject",
 )
+REJECTED = frozenset({400, 403, 404, 405, 413, 415, 422})
+"""Statuses that refuse the request itself: applying it again gets the same answer."""
 OPTIONAL_KINDS = frozenset({"ScaledObject"})
 """Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 
@@ -70,6 +72,22 @@ def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
         return DisaggregatedModelStatus.model_validate(raw)
     except ValidationError:
         return None  # someone wrote garbage into status: recompute from scratch
+
+
+def _already_degraded(
+    previous: DisaggregatedModelStatus | None,
+    reason: str,
+    generation: int,
+    message: str | None = None,
+) -> bool:
+    """Whether status already says so for this generation (then its Event was posted)."""
+    return previous is not None and any(
+        c.type == "Degraded"
+        and c.reason == reason
+        and c.observed_generation == generation
+        and (message is None or c.message == message)
+        for c in previous.conditions
+    )
 
 
 async def _write_status(client: KubeClient, body: Obj, status: DisaggregatedModelStatus) -> bool:
@@ -109,7 +127,10 @@ async def _apply_children(
         )
         if hand_over and current is not None:
             await _hand_over_replicas(client, model, role, current)
-        await client.apply(stamped)
+        try:
+            await client.apply(stamped)
+        except KubeError as error:
+            raise KubeError(error.status, error.reason, f"{_named(obj)}: {error.message}") from None
         if hand_over and current is None:
             # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
             await _hand_over_replicas(client, model, role, None)
@@ -200,13 +221,7 @@ async def reconcile_model(
         model = parse_model(body)
     except ManifestError as error:
         status = invalid_status(error.problems, generation, previous, _now())
-        already = previous is not None and any(
-            c.type == "Degraded"
-            and c.reason == "InvalidSpec"
-            and c.observed_generation == generation
-            for c in previous.conditions
-        )
-        if not already:
+        if not _already_degraded(previous, "InvalidSpec", generation):
             await recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
         written = await _write_status(client, body, status)
         return Outcome(status_written=written, invalid=True)
@@ -221,8 +236,16 @@ async def reconcile_model(
     except KubeError as error:
         if error.status == 403 and "being terminated" in error.message:
             return Outcome(gone=True)  # the namespace is going away, and the model with it
-        await recorder.warning(body, "ApplyFailed", str(error))
-        raise
+        if error.status not in REJECTED:
+            await recorder.warning(body, "ApplyFailed", str(error))
+            raise  # transient: the queue retries with backoff
+        # Refused (invalid, forbidden by admission or a policy, an API not installed): the
+        # same apply would be refused again, so say why once and wait for a change.
+        message = f"the API server refused {error.message}"
+        rejected = invalid_status([message], generation, previous, _now(), "ApplyRejected")
+        if not _already_degraded(previous, "ApplyRejected", generation, message):
+            await recorder.warning(body, "ApplyRejected", message)
+        return Outcome(status_written=await _write_status(client, body, rejected), invalid=True)
     pruned = await _prune(client, uid, desired, live, recorder, body)
     if applied or pruned:
         live = await _list_children(client, namespace, name)
@@ -242,6 +265,9 @@ async def reconcile_model(
         autoscaling_mode=model.spec.autoscaling.mode,
     )
     status = compute_status(observed, previous, _now())
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    if degraded.status == "True" and not _already_degraded(previous, degraded.reason, generation):
+        await recorder.warning(body, degraded.reason, degraded.message)
     written = await _write_status(client, body, status)
     autoscaling = model.spec.autoscaling
     return Outcome(
