@@ -40,6 +40,9 @@ CHILD_RESOURCES = (
 )
 
 
+CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGER},{MODEL_LABEL}"
+
+
 @dataclass
 class Runtime:
     """Everything the handlers share, created at startup and closed at cleanup."""
@@ -140,6 +143,10 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Filter children and pods in the API server, not after they are streamed here: on a
+        # shared GPU cluster the operator's traffic and memory follow its own objects.
+        for group, version, plural in CHILD_RESOURCES:
+            settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
         metrics = OperatorMetrics()
         client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
         runtime = Runtime(
