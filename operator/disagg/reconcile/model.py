@@ -128,12 +128,14 @@ async def _apply_children(
         if hand_over and current is not None:
             await _hand_over_replicas(client, model, role, current)
         try:
-            await client.apply(stamped)
+            applied_obj = await client.apply(stamped)
         except KubeError as error:
             raise KubeError(error.status, error.reason, f"{_named(obj)}: {error.message}") from None
         if hand_over and current is None:
             # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
-            await _hand_over_replicas(client, model, role, None)
+            applied_obj = await _hand_over_replicas(client, model, role, None)
+        # What the API server answered is the live object now: no need to list it again.
+        live[key] = {**applied_obj, "kind": obj["kind"]}
         applied += 1
         (updated if current is not None else created).append(_named(obj))
     if created or updated:
@@ -150,7 +152,7 @@ def _named(obj: Obj) -> str:
 
 async def _hand_over_replicas(
     client: KubeClient, model: DisaggregatedModel, role: str, live: Obj | None
-) -> None:
+) -> Obj:
     """Let the autoscaler's field manager own ``spec.replicas`` before the operator lets go.
 
     The operator stops applying replicas when autoscaling is on; if nobody else owned the
@@ -160,7 +162,7 @@ async def _hand_over_replicas(
     current = int(live["spec"].get("replicas", 1)) if live else model.spec.pool(role).replicas  # type: ignore[arg-type]
     replicas = max(bounds.min_replicas, min(bounds.max_replicas, current))
     name = child_name(model.metadata.name, role)  # type: ignore[arg-type]
-    await client.apply(
+    return await client.apply(
         replicas_object(model.metadata.namespace, name, replicas), manager=AUTOSCALER_MANAGER
     )
 
@@ -182,6 +184,7 @@ async def _prune(
             kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
         ):
             deleted.append(f"{kind} {name}")
+            live.pop((kind, name))
     if deleted:
         message = f"deleted {', '.join(deleted)}: no longer wanted by the spec"
         await recorder.normal(body, "Deleted", message)
@@ -247,8 +250,6 @@ async def reconcile_model(
             await recorder.warning(body, "ApplyRejected", message)
         return Outcome(status_written=await _write_status(client, body, rejected), invalid=True)
     pruned = await _prune(client, uid, desired, live, recorder, body)
-    if applied or pruned:
-        live = await _list_children(client, namespace, name)
 
     pods = await client.list_objects("Pod", namespace, model_selector(name))
     deployments = {

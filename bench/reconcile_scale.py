@@ -1,0 +1,194 @@
+"""How fast the operator brings N models to life, against applying their children straight.
+
+On the local control plane (started if it is not running): first the **floor**, the same
+children the operator would render for N models (router off, pools at 0 replicas: no pods)
+applied with ``kubectl apply --server-side``, 500 objects per call, one call at a time; then
+the **operator** (scoped to its own namespace, no leader election) given the N models the
+same way, timed until every model's ``status.observedGeneration`` is current and its
+children exist. Prints the time of both, the ratio, the operator's writes per model (from
+its own metrics: children, status, Events), reconcile passes, RSS, and the writes of one idle
+resync of every model.
+
+    .venv/bin/python bench/reconcile_scale.py                 # 1,000 models
+    .venv/bin/python bench/reconcile_scale.py --models 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from disagg.api.resource import parse_model
+from disagg.demo.procs import Kube, Operator, wait_for
+from disagg.devcluster.layout import Layout, default_state_dir
+from disagg.devcluster.runner import find_binaries, up
+from disagg.render import RenderContext, render_all
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCH = 500
+
+
+def model(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"name": "Qwen/Qwen2.5-1.5B-Instruct"},
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": {"enabled": False},
+        },
+    }
+
+
+def children(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the operator renders for a model, without the ownerReference (there is no model
+    in the floor's namespace, and the garbage collector would delete orphans)."""
+    owned = copy.deepcopy(manifest)
+    owned["metadata"]["uid"] = str(uuid.uuid4())
+    rendered = render_all(RenderContext(parse_model(owned)))
+    for obj in rendered:
+        obj["metadata"].pop("ownerReferences", None)
+    return rendered
+
+
+def apply_in_batches(kube: Kube, objects: list[dict[str, Any]], manager: str) -> None:
+    for start in range(0, len(objects), BATCH):
+        batch = {"apiVersion": "v1", "kind": "List", "items": objects[start : start + BATCH]}
+        kube.run(
+            "apply", "--server-side", f"--field-manager={manager}", "-f", "-",
+            stdin=yaml.safe_dump(batch), timeout=600,
+        )  # fmt: skip
+
+
+def timed(action: Callable[[], object]) -> float:
+    started = time.monotonic()
+    action()
+    return time.monotonic() - started
+
+
+def converged(kube: Kube, namespace: str, count: int) -> bool:
+    models = kube.json("get", "dm", "-n", namespace)["items"]
+    current = sum(
+        1
+        for m in models
+        if m.get("status", {}).get("observedGeneration") == m["metadata"]["generation"]
+    )
+    if current < count:
+        return False
+    deployments = kube.json("get", "deployments", "-n", namespace)["items"]
+    return len(deployments) >= 2 * count
+
+
+def rss_mib(operator: Operator) -> float:
+    for line in Path(f"/proc/{operator.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def total(samples: dict[str, float]) -> float:
+    return sum(samples.values())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=1000)
+    parser.add_argument("--resync-seconds", type=float, default=60.0)
+    parser.add_argument("--concurrency", type=int, default=4, help="the operator's --concurrency")
+    args = parser.parse_args()
+    layout = Layout(default_state_dir())
+    up(layout, lambda message: print(f"[bench] {message}", file=sys.stderr))
+    binaries = find_binaries()
+    assert binaries is not None
+    kube = Kube(binaries, layout)
+    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    run = uuid.uuid4().hex[:6]
+    floor_ns, operator_ns = f"scale-floor-{run}", f"scale-op-{run}"
+    for namespace in (floor_ns, operator_ns):
+        kube.run("create", "namespace", namespace)
+    names = [f"m{i:04d}" for i in range(args.models)]
+    try:
+        floor_objects = [c for n in names for c in children(model(n, floor_ns))]
+        floor = timed(lambda: apply_in_batches(kube, floor_objects, "bench-floor"))
+        print(f"[bench] floor: {len(floor_objects)} children in {floor:.1f}s", file=sys.stderr)
+
+        operator = Operator(
+            layout, f"--namespace={operator_ns}", "--no-leader-election",
+            f"--resync-seconds={args.resync_seconds}", f"--concurrency={args.concurrency}",
+            log_name="reconcile-scale",
+        )  # fmt: skip
+        try:
+            models = [model(n, operator_ns) for n in names]
+
+            def give_and_wait() -> None:
+                apply_in_batches(kube, models, "bench-user")
+                wait_for(
+                    f"{args.models} models to converge",
+                    lambda: converged(kube, operator_ns, args.models),
+                    timeout=3600,
+                    interval=2.0,
+                )
+
+            took = timed(give_and_wait)
+            rss = rss_mib(operator)
+            convergence_writes = operator.writes(exclude=("Lease",))
+            convergence_passes = operator.reconciles()
+            # Deployments report their status after the first pass; let that settle.
+            settle = {"writes": total(convergence_writes), "since": time.monotonic()}
+
+            def settled() -> bool:
+                now = total(operator.writes(exclude=("Lease",)))
+                if now != settle["writes"]:
+                    settle.update(writes=now, since=time.monotonic())
+                return time.monotonic() - settle["since"] > 10
+
+            wait_for("the operator to stop writing", settled, timeout=600, interval=1.0)
+            writes = operator.writes(exclude=("Lease",))
+            passes = operator.reconciles()
+            # One resync of every model, then the writes it cost.
+            wait_for(
+                "one idle resync of every model",
+                lambda: operator.reconciles() >= passes + args.models,
+                timeout=args.resync_seconds * 3 + 600,
+                interval=2.0,
+            )
+            idle = total(operator.writes(exclude=("Lease",))) - total(writes)
+        finally:
+            operator.stop()
+    finally:
+        for namespace in (floor_ns, operator_ns):
+            kube.run("delete", "namespace", namespace, "--wait=false", check=False)
+
+    by_kind: dict[str, float] = {}
+    for key, value in convergence_writes.items():
+        kind = key.split('kind="', 1)[1].split('"', 1)[0]
+        by_kind[kind] = by_kind.get(kind, 0.0) + value
+    print(
+        f"\n{args.models} models (router off, pools at 0 replicas: {len(floor_objects)} children)"
+    )
+    print(f"  {'kubectl apply --server-side (floor)':40} {floor:8.1f} s")
+    print(f"  {'operator, apply to every model current':40} {took:8.1f} s  ({took / floor:.2f}x)")
+    print(f"  {'writes per model, to converge':40} {total(convergence_writes) / args.models:8.2f}")
+    for kind, value in sorted(by_kind.items()):
+        print(f"    {kind:38} {value / args.models:8.2f}")
+    print(f"  {'writes per model, settled':40} {total(writes) / args.models:8.2f}")
+    print(
+        f"  {'reconcile passes per model, to converge':40} {convergence_passes / args.models:8.2f}"
+    )
+    print(f"  {'operator RSS':40} {rss:8.0f} MiB")
+    print(f"  {'writes in one idle resync of all':40} {idle:8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
