@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 import itertools
 
 from closedloop import ReplicaRecorder, Stack, drive, stack
+from disagg.demo.procs import local_kube
 from disagg.devcluster.layout import Layout, default_state_dir
-from disagg.devcluster.runner import find_binaries, up
-from harness import Kube, new_namespace, wait_for
+from harness import new_namespace, wait_for
 
 TTFT_SLO, TPOT_SLO = 1.0, 0.040
 
@@ -109,17 +109,8 @@ def main() -> int:
     parser.add_argument("--only", choices=[s.name for s in SCENARIOS], action="append")
     args = parser.parse_args()
     layout = Layout(default_state_dir())
-    up(layout, lambda m: print(f"[bench] {m}", file=sys.stderr))
-    binaries = find_binaries()
-    assert binaries is not None
-    kube = Kube(binaries, layout)
-    kube.run(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        str(Path(__file__).resolve().parent.parent / "crds"),
-    )
+    crds = Path(__file__).resolve().parent.parent / "crds"
+    kube = local_kube(layout, lambda m: print(f"[bench] {m}", file=sys.stderr), crds)
     namespace = new_namespace(kube)
     results = []
     try:

@@ -27,9 +27,8 @@ from typing import Any
 import yaml
 
 from disagg.api.resource import parse_model
-from disagg.demo.procs import Kube, Operator, wait_for
+from disagg.demo.procs import Kube, Operator, local_kube, wait_for
 from disagg.devcluster.layout import Layout, default_state_dir
-from disagg.devcluster.runner import find_binaries, up
 from disagg.render import RenderContext, render_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,11 +106,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=4, help="the operator's --concurrency")
     args = parser.parse_args()
     layout = Layout(default_state_dir())
-    up(layout, lambda message: print(f"[bench] {message}", file=sys.stderr))
-    binaries = find_binaries()
-    assert binaries is not None
-    kube = Kube(binaries, layout)
-    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    kube = local_kube(layout, lambda m: print(f"[bench] {m}", file=sys.stderr), ROOT / "crds")
     run = uuid.uuid4().hex[:6]
     floor_ns, operator_ns = f"scale-floor-{run}", f"scale-op-{run}"
     for namespace in (floor_ns, operator_ns):

@@ -19,6 +19,7 @@ __all__ = [
     "Timeout",
     "condition",
     "new_namespace",
+    "scoped_operator",
     "wait_for",
 ]
 
@@ -43,3 +44,16 @@ def new_namespace(kube: Kube) -> str:
         timeout=30,
     )
     return name
+
+
+def scoped_operator(kube: Kube, namespace: str, log_name: str, *extra: str) -> Operator:
+    """An operator of its own, watching only ``namespace`` and resyncing every 2 s, so the
+    writes it counts are the test's alone."""
+    return Operator(
+        kube.layout,
+        f"--namespace={namespace}",
+        "--no-leader-election",
+        "--resync-seconds=2",
+        *extra,
+        log_name=log_name,
+    )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import EXAMPLES, Kube, Operator, condition, wait_for
+from harness import EXAMPLES, Kube, condition, scoped_operator, wait_for
 
 CACHE = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache/disagg"))
 KEDA_CRD = CACHE / "crds" / "keda" / "keda.sh_scaledobjects.yaml"
@@ -64,14 +64,7 @@ def _created_events(kube: Kube, namespace: str) -> list[dict[str, Any]]:
 def test_scalers_are_accepted_written_once_and_pruned_on_a_switch(
     kube: Kube, keda: None, namespace: str
 ) -> None:
-    # An operator of its own, scoped to this namespace, so other tests' writes do not count.
-    operator = Operator(
-        kube.layout,
-        f"--namespace={namespace}",
-        "--no-leader-election",
-        "--resync-seconds=2",
-        log_name="external",
-    )
+    operator = scoped_operator(kube, namespace, "external")
     try:
         kube.apply(_model(enabled=True, mode="external", externalScaler="keda"), namespace)
         scaled = wait_for(
@@ -126,13 +119,7 @@ def test_hpa_mode_works_on_a_cluster_without_keda(kube: Kube, namespace: str) ->
     # KEDA's CRD is gone (the test above removes it): its list answers 404, which means no
     # ScaledObjects, not a failed pass.
     kube.run("wait", "--for=delete", "crd/scaledobjects.keda.sh", "--timeout=60s", check=False)
-    operator = Operator(
-        kube.layout,
-        f"--namespace={namespace}",
-        "--no-leader-election",
-        "--resync-seconds=2",
-        log_name="no-keda",
-    )
+    operator = scoped_operator(kube, namespace, "no-keda")
     try:
         kube.apply(_model(enabled=True, mode="external", externalScaler="hpa"), namespace)
         wait_for("both HPAs", lambda: len(_scalers(kube, namespace, "hpa")) == 2, timeout=60)

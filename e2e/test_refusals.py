@@ -14,21 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import EXAMPLES, Kube, Operator, condition, wait_for
+from harness import EXAMPLES, Kube, Operator, condition, scoped_operator, wait_for
 
 MODEL = "qwen-small"
 
 
 @pytest.fixture
-def scoped_operator(kube: Kube, namespace: str) -> Iterator[Operator]:
+def own_operator(kube: Kube, namespace: str) -> Iterator[Operator]:
     """An operator of its own, scoped to the test's namespace, so its writes are the test's."""
-    operator = Operator(
-        kube.layout,
-        f"--namespace={namespace}",
-        "--no-leader-election",
-        "--resync-seconds=2",
-        log_name="refusals",
-    )
+    operator = scoped_operator(kube, namespace, "refusals")
     yield operator
     operator.stop()
 
@@ -71,7 +65,7 @@ def _passes(operator: Operator, count: int) -> None:
 
 
 def test_pods_the_cluster_refuses_degrade_the_model_until_fixed(
-    kube: Kube, namespace: str, scoped_operator: Operator
+    kube: Kube, namespace: str, own_operator: Operator
 ) -> None:
     priority = f"e2e-critical-{namespace}"
     _apply_model(kube, namespace, priorityClassName=priority)
@@ -82,7 +76,7 @@ def test_pods_the_cluster_refuses_degrade_the_model_until_fixed(
     )
     assert degraded["message"].startswith("prefill: ")
     assert f"no PriorityClass with name {priority} was found" in degraded["message"]
-    _passes(scoped_operator, 3)
+    _passes(own_operator, 3)
     events = _warnings(kube, namespace, "ReplicaFailure")
     assert len(events) == 1 and events[0].get("count", 1) == 1, events
 
@@ -151,7 +145,7 @@ def _policy(namespace: str) -> str:
 
 
 def test_a_child_the_api_server_refuses_degrades_once_without_a_retry_storm(
-    kube: Kube, namespace: str, scoped_operator: Operator
+    kube: Kube, namespace: str, own_operator: Operator
 ) -> None:
     policy = _policy(namespace)
     kube.apply(policy, namespace)
@@ -184,12 +178,12 @@ def test_a_child_the_api_server_refuses_degrades_once_without_a_retry_storm(
         )
         assert "Deployment qwen-small-decode" in degraded["message"], degraded
         assert "decode Deployments need an approved change ticket" in degraded["message"]
-        said = _status_and_event_writes(scoped_operator)
-        _passes(scoped_operator, 3)
+        said = _status_and_event_writes(own_operator)
+        _passes(own_operator, 3)
         # Each resync tries the refused apply again (so the model recovers on its own once
         # the cause is gone; the API server stores nothing), but writes no status and posts
         # no new Event.
-        assert _status_and_event_writes(scoped_operator) == said
+        assert _status_and_event_writes(own_operator) == said
         assert len(_warnings(kube, namespace, "ApplyRejected")) == 1
     finally:
         kube.run("delete", "-f", "-", stdin=policy, check=False)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import httpx
 
 from disagg.devcluster.layout import Layout, free_port
-from disagg.devcluster.runner import Binaries
+from disagg.devcluster.runner import Binaries, find_binaries, up
 
 T = TypeVar("T")
 
@@ -148,6 +148,18 @@ class Kube:
         self, manifest: str, namespace: str, *extra: str, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         return self.run("apply", "-n", namespace, *extra, "-f", "-", stdin=manifest, check=check)
+
+
+def local_kube(layout: Layout, say: Callable[[str], None], crds: Path) -> Kube:
+    """kubectl against the local control plane (started if it is not running), with the
+    CRDs in ``crds`` applied."""
+    up(layout, say)
+    binaries = find_binaries()
+    if binaries is None:
+        raise RuntimeError("the control-plane binaries are missing: run `make binaries`")
+    kube = Kube(binaries, layout)
+    kube.run("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    return kube
 
 
 class Operator:
