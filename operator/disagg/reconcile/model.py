@@ -110,40 +110,52 @@ async def _apply_children(
     recorder: EventRecorder,
     body: Obj,
 ) -> int:
-    applied = 0
-    created: list[str] = []
-    updated: list[str] = []
-    for obj in desired:
-        stamped = stamp(obj)
-        key = (obj["kind"], obj["metadata"]["name"])
-        current = live.get(key)
-        if not needs_apply(stamped, current):
-            continue
-        role = obj["metadata"]["labels"].get("disagg.dev/role")
-        hand_over = (
-            obj["kind"] == "Deployment"
-            and role in ("prefill", "decode")
-            and "replicas" not in obj["spec"]
-        )
-        if hand_over and current is not None:
-            await _hand_over_replicas(client, model, role, current)
-        try:
-            applied_obj = await client.apply(stamped)
-        except KubeError as error:
-            raise KubeError(error.status, error.reason, f"{_named(obj)}: {error.message}") from None
-        if hand_over and current is None:
-            # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
-            applied_obj = await _hand_over_replicas(client, model, role, None)
-        # What the API server answered is the live object now: no need to list it again.
-        live[key] = {**applied_obj, "kind": obj["kind"]}
-        applied += 1
-        (updated if current is not None else created).append(_named(obj))
-    if created or updated:
-        # One Event per pass, not one per child: a new model is one change to the user.
-        parts = [f"{verb} {', '.join(names)}" for verb, names in
-                 (("created", created), ("updated", updated)) if names]  # fmt: skip
-        await recorder.normal(body, "Created" if created else "Updated", "; ".join(parts))
-    return applied
+    done: dict[str, list[str]] = {"created": [], "updated": []}
+    try:
+        for obj in desired:
+            verb = await _apply_child(client, model, obj, live)
+            if verb is not None:
+                done[verb].append(_named(obj))
+    finally:
+        # One Event per pass, not one per child (a new model is one change to the user), and
+        # it names what was applied even when a later child was refused.
+        parts = [f"{verb} {', '.join(names)}" for verb, names in done.items() if names]
+        if parts:
+            reason = "Created" if done["created"] else "Updated"
+            await recorder.normal(body, reason, "; ".join(parts))
+    return len(done["created"]) + len(done["updated"])
+
+
+async def _apply_child(
+    client: KubeClient, model: DisaggregatedModel, obj: Obj, live: dict[tuple[str, str], Obj]
+) -> str | None:
+    """Apply one child if it differs from what is live: "created", "updated" or None."""
+    stamped = stamp(obj)
+    key = (obj["kind"], obj["metadata"]["name"])
+    current = live.get(key)
+    if not needs_apply(stamped, current):
+        return None
+    role = obj["metadata"]["labels"].get("disagg.dev/role")
+    hand_over = (
+        obj["kind"] == "Deployment"
+        and role in ("prefill", "decode")
+        and "replicas" not in obj["spec"]
+    )
+    if hand_over and current is not None:
+        await _hand_over_replicas(client, model, role, current)
+    try:
+        applied = await client.apply(stamped)
+    except KubeError as error:
+        hint = " (is the API that serves it installed?)" if error.status == 404 else ""
+        raise KubeError(
+            error.status, error.reason, f"{_named(obj)}: {error.message}{hint}"
+        ) from None
+    if hand_over and current is None:
+        # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
+        applied = await _hand_over_replicas(client, model, role, None)
+    # What the API server answered is the live object now: no need to list it again.
+    live[key] = {**applied, "kind": obj["kind"]}
+    return "created" if current is None else "updated"
 
 
 def _named(obj: Obj) -> str:
@@ -243,7 +255,8 @@ async def reconcile_model(
             await recorder.warning(body, "ApplyFailed", str(error))
             raise  # transient: the queue retries with backoff
         # Refused (invalid, forbidden by admission or a policy, an API not installed): the
-        # same apply would be refused again, so say why once and wait for a change.
+        # same apply gets the same answer, so say why once; resyncs try again, and the model
+        # recovers by itself when the cause goes away.
         message = f"the API server refused {error.message}"
         rejected = invalid_status([message], generation, previous, _now(), "ApplyRejected")
         if not _already_degraded(previous, "ApplyRejected", generation, message):
