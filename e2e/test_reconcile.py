@@ -232,7 +232,7 @@ def test_deleting_the_model_garbage_collects_children(
 ) -> None:
     _apply(kube, namespace, _example("minimal"))
     _wait_condition(kube, namespace, "qwen-small", "Ready", "True")
-    assert len(_children(kube, namespace, "qwen-small")) == 11
+    assert len(_children(kube, namespace, "qwen-small")) == 12
     kube.run("delete", "dm", "qwen-small", "-n", namespace)
     wait_for(
         "every child to be garbage-collected",

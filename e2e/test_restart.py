@@ -15,7 +15,7 @@ EXPECTED = Counter(
     {
         "Deployment": 3,
         "Service": 3,
-        "PodDisruptionBudget": 2,
+        "PodDisruptionBudget": 3,
         "ServiceAccount": 1,
         "Role": 1,
         "RoleBinding": 1,

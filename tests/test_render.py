@@ -76,10 +76,23 @@ def test_children_kinds_and_names() -> None:
         ("Service", "qwen-small-router"),
         ("PodDisruptionBudget", "qwen-small-prefill"),
         ("PodDisruptionBudget", "qwen-small-decode"),
+        ("PodDisruptionBudget", "qwen-small-router"),
         ("Deployment", "qwen-small-prefill"),
         ("Deployment", "qwen-small-decode"),
         ("Deployment", "qwen-small-router"),
     ]
+
+
+def test_the_router_survives_a_node_drain_by_default() -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in _render(load_example("minimal"))}
+    router = objects[("Deployment", "qwen-small-router")]["spec"]
+    assert router["replicas"] == 2
+    spread = router["template"]["spec"]["topologySpreadConstraints"][0]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["labelSelector"]["matchLabels"] == router["selector"]["matchLabels"]
+    budget = objects[("PodDisruptionBudget", "qwen-small-router")]["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"] == router["selector"]
 
 
 def test_every_child_is_owned_labelled_and_in_the_model_namespace() -> None:

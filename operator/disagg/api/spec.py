@@ -196,7 +196,14 @@ class RouterSpec(ApiModel):
     """The OpenAI-compatible front door that sends each request to prefill, then decode."""
 
     enabled: bool = Field(default=True, description="Deploy the router.")
-    replicas: int = Field(default=1, ge=0, le=100, description="Router replicas.")
+    replicas: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="Router replicas: two by default, spread over nodes, with a "
+        "PodDisruptionBudget that lets one go at a time, so a node drain or a rollout keeps "
+        "the model reachable.",
+    )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
     image: str | None = Field(default=None, min_length=1, description="Router image override.")
     prefill_threshold_tokens: int = Field(

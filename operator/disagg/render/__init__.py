@@ -9,7 +9,7 @@ from __future__ import annotations
 from disagg.render.common import Manifest, RenderContext, owner_references
 from disagg.render.router import render_router_deployment, render_router_rbac, router_endpoint
 from disagg.render.scaling import render_scaler
-from disagg.render.services import render_pool_pdb, render_pool_service, render_router_service
+from disagg.render.services import render_pdb, render_pool_service, render_router_service
 from disagg.render.workers import render_pool
 
 ROLES = ("prefill", "decode")
@@ -24,7 +24,9 @@ def render_all(ctx: RenderContext) -> list[Manifest]:
     objects += [render_pool_service(ctx, "prefill"), render_pool_service(ctx, "decode")]
     if router_on:
         objects.append(render_router_service(ctx))
-    objects += [render_pool_pdb(ctx, "prefill"), render_pool_pdb(ctx, "decode")]
+    objects += [render_pdb(ctx, "prefill"), render_pdb(ctx, "decode")]
+    if router_on:
+        objects.append(render_pdb(ctx, "router"))
     objects += [render_pool(ctx, "prefill"), render_pool(ctx, "decode")]
     if router_on:
         objects.append(render_router_deployment(ctx))

@@ -90,6 +90,16 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
                 "spec": {
                     "serviceAccountName": router_service_account(ctx.name),
                     "enableServiceLinks": False,
+                    # Replicas on different nodes where there are any: one node going away
+                    # must not take the model's only front door with it.
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": selector_labels(ctx.name, "router")},
+                        }
+                    ],
                     "containers": [container],
                 },
             },

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from disagg.api.spec import Role
-from disagg.naming import child_name, selector_labels
+from disagg.naming import ComponentRole, child_name, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
 from disagg.render.engine_args import engine_launch
 
@@ -41,8 +41,9 @@ def render_router_service(ctx: RenderContext) -> Manifest:
     }
 
 
-def render_pool_pdb(ctx: RenderContext, role: Role) -> Manifest:
-    """PodDisruptionBudget of a pool: voluntary evictions take one engine pod at a time."""
+def render_pdb(ctx: RenderContext, role: ComponentRole) -> Manifest:
+    """PodDisruptionBudget of a pool or the router: voluntary evictions (a node drain, a
+    cluster upgrade) take one pod at a time, so with two or more replicas one keeps serving."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
