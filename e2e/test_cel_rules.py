@@ -79,6 +79,36 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         "ttftP99 and tpotP99 must be at least 1ms",
         {"autoscaling": {"mode": "external", "tpotP99": "0.5ms"}},
     ),
+    (
+        "the prefix of key (before '/') must be at most 253",
+        {"prefill": {"tolerations": [{"key": "a" * 254 + "/gpu", "operator": "Exists"}]}},
+    ),
+    ("operator must be Exists when key is empty", {"prefill": {"tolerations": [{"value": "x"}]}}),
+    (
+        "value must be empty when operator is Exists",
+        {"decode": {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}},
+    ),
+    (
+        "tolerationSeconds needs effect NoExecute",
+        {
+            "decode": {
+                "tolerations": [{"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 5}]
+            }
+        },
+    ),
+]
+POD_FIELDS_THE_API_SERVER_REFUSES: list[tuple[str, dict[str, Any]]] = [
+    (
+        "prefill.tolerations[0].operator",
+        {"prefill": {"tolerations": [{"key": "g", "operator": "Bogus"}]}},
+    ),
+    (
+        "prefill.tolerations[0].effect",
+        {"prefill": {"tolerations": [{"key": "g", "effect": "Never"}]}},
+    ),
+    ("prefill.tolerations[0].key", {"prefill": {"tolerations": [{"key": "bad key!"}]}}),
+    ("decode.tolerations[0].value", {"decode": {"tolerations": [{"key": "g", "value": "x" * 64}]}}),
+    ("decode.priorityClassName", {"decode": {"priorityClassName": "-Lead"}}),
 ]
 
 
@@ -125,6 +155,53 @@ def test_api_server_and_disagg_validate_reject_alike(
     assert disagg_main(["validate", "-f", str(path)]) == 1
     assert message in capsys.readouterr().err
     assert kube.get("dm", "broken", namespace) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "spec_patch"),
+    POD_FIELDS_THE_API_SERVER_REFUSES,
+    ids=[f for f, _ in POD_FIELDS_THE_API_SERVER_REFUSES],
+)
+def test_pod_fields_the_api_server_would_refuse_are_refused_up_front(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    field: str,
+    spec_patch: dict[str, Any],
+) -> None:
+    # Accepted here, these rendered pods the API server refuses (issue: 99 of 561 did).
+    manifest = _manifest(spec_patch)
+    result = kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", check=False)
+    assert result.returncode != 0 and field.split(".")[-1] in result.stderr, result.stderr
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert disagg_main(["validate", "-f", str(path)]) == 1
+    assert f"spec.{field}: " in capsys.readouterr().err
+
+
+def test_valid_tolerations_render_pods_the_api_server_accepts(
+    kube: Kube, namespace: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tolerations = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "tolerationSeconds": 30},
+        {"key": "pool", "value": "inference"},
+        {"operator": "Exists"},
+    ]
+    manifest = _manifest(
+        {"prefill": {"tolerations": tolerations, "priorityClassName": "system-node-critical"}}
+    )
+    manifest["metadata"]["namespace"] = namespace
+    manifest["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert disagg_main(["render", "-f", str(path)]) == 0
+    rendered = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    deployments = [o for o in rendered if o["kind"] == "Deployment"]
+    for deployment in deployments:
+        deployment["metadata"].pop("ownerReferences", None)
+    kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
 
 
 def test_api_server_rejects_a_name_that_cannot_name_services(kube: Kube, namespace: str) -> None:

@@ -298,3 +298,41 @@ def test_multi_document_file_names_the_document(
     code, output = _run(tmp_path, text, capsys)
     assert code == 1
     assert "(document 2): spec.router.port: Input should be less than or equal to 65535" in output
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "fragment"),
+    [
+        ([{"key": "gpu", "operator": "Bogus"}], "tolerations[0].operator: Input should be"),
+        ([{"key": "bad key!"}], "tolerations[0].key: must be a label key"),
+        ([{"value": "x"}], "operator must be Exists when key is empty"),
+        ([{"key": "g", "operator": "Exists", "value": "v"}], "value must be empty"),
+        ([{"key": "g", "tolerationSeconds": 1}], "tolerationSeconds needs effect NoExecute"),
+        (None, "priorityClassName: must be a DNS subdomain name"),
+    ],
+)
+def test_pod_fields_are_checked_as_the_api_server_checks_a_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tolerations: Any, fragment: str
+) -> None:
+    model = load_example("minimal")
+    model["spec"]["prefill"] = (
+        {"tolerations": tolerations} if tolerations is not None else {"priorityClassName": "-Lead"}
+    )
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and fragment in output, output
+    # What the API server takes, this takes too: match-all, NoExecute with seconds, prefixed keys.
+    model["spec"]["prefill"] = {
+        "priorityClassName": "inference-critical",
+        "tolerations": [
+            {"operator": "Exists"},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "effect": "NoExecute",
+                "tolerationSeconds": 9,
+            },
+            {"key": "pool", "operator": "Equal", "value": "inference"},
+        ],
+    }
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0, output

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from disagg.api.scheduling import PATTERN_MEANINGS
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.nesting import path_deeper_than
@@ -86,6 +87,8 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
             message = "unknown field"
         elif item["type"] == "missing":
             message = "required field is missing"
+        elif item["type"] == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_MEANINGS:
+            message = f"{PATTERN_MEANINGS[ctx['pattern']]} (got {item.get('input')!r})"
         elif item["type"] in ("dict_type", "model_type", "model_attributes_type"):
             message = f"expected a mapping, got {_json_type(item.get('input'))}"
         else:

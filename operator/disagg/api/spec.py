@@ -22,6 +22,7 @@ from disagg.api.base import ApiModel, Quantity
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
 from disagg.api.rules import Rule
+from disagg.api.scheduling import DNS_SUBDOMAIN, Toleration
 
 Backend = Literal["vllm", "sglang"]
 KvConnector = Literal["nixl", "mooncake", "lmcache"]
@@ -151,13 +152,17 @@ class PoolSpec(ApiModel):
     affinity: dict[str, Any] | None = Field(
         default=None, description="A Kubernetes Affinity for the pool's pods."
     )
-    tolerations: list[dict[str, Any]] = Field(
+    tolerations: list[Toleration] = Field(
         default_factory=list,
         max_length=64,
         description="Kubernetes Tolerations for the pool's pods.",
     )
     priority_class_name: str | None = Field(
-        default=None, description="PriorityClass of the pool's pods."
+        default=None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="PriorityClass of the pool's pods (a DNS subdomain name; it must exist, "
+        "or the pods are not created and the model reports Degraded/ReplicaFailure).",
     )
     extra_args: list[str] = Field(
         default_factory=list,

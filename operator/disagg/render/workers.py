@@ -149,7 +149,9 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     if pool.affinity:
         pod_spec["affinity"] = pool.affinity
     if pool.tolerations:
-        pod_spec["tolerations"] = list(pool.tolerations)
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations
+        ]
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
     template_meta: Manifest = {"labels": labels(ctx.name, role)}

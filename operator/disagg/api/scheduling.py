@@ -1,0 +1,100 @@
+"""Where a pool's pods may run: tolerations and the names they use, validated as the API
+server validates a pod (Kubernetes v1.35.4, ``pkg/apis/core/validation``: ValidateTolerations,
+IsQualifiedName, IsValidLabelValue, NameIsDNSSubdomain), so a model this accepts renders pods
+the API server accepts too.
+
+Patterns are OpenAPI ``pattern``s (checked by the API server natively, and by pydantic the
+same way); what spans fields is a :class:`~disagg.api.rules.Rule`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Final, Literal
+
+from pydantic import Field
+
+from disagg.api.base import ApiModel
+from disagg.api.rules import Rule
+
+_DNS_SUBDOMAIN: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_NAME: Final = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+QUALIFIED_NAME: Final = rf"^(({_DNS_SUBDOMAIN}/)?{_NAME})?$"
+"""A label key (an optional DNS-subdomain prefix and ``/``, then a name of at most 63), or
+empty."""
+LABEL_VALUE: Final = rf"^({_NAME})?$"
+DNS_SUBDOMAIN: Final = rf"^{_DNS_SUBDOMAIN}$"
+MAX_PREFIX: Final = 253
+PATTERN_MEANINGS: Final = {
+    QUALIFIED_NAME: "must be a label key: an optional DNS-subdomain prefix and '/', then at "
+    "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+    LABEL_VALUE: "must be a label value: at most 63 letters, digits, '-', '_' or '.', "
+    "starting and ending with a letter or digit (or empty)",
+    DNS_SUBDOMAIN: "must be a DNS subdomain name: lowercase letters, digits, '-' and '.', "
+    "starting and ending with a letter or digit",
+}
+"""What each pattern means, for error messages (the regular expression is not a message)."""
+
+
+def prefix_fits(key: str | None) -> bool:
+    """Whether a label key's prefix (before ``/``) is at most 253 characters."""
+    return key is None or "/" not in key or key.index("/") <= MAX_PREFIX
+
+
+class Toleration(ApiModel):
+    """A Kubernetes Toleration (operators Equal and Exists; Lt and Gt are behind a feature
+    gate that is off by default)."""
+
+    key: str | None = Field(
+        default=None,
+        max_length=317,
+        pattern=QUALIFIED_NAME,
+        description="Taint key to tolerate; empty with operator Exists tolerates every taint.",
+    )
+    operator: Literal["", "Equal", "Exists"] | None = Field(
+        default=None, description="Equal (the default) or Exists."
+    )
+    value: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LABEL_VALUE,
+        description="Taint value to match with operator Equal.",
+    )
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=-(2**63),
+        le=2**63 - 1,
+        description="With effect NoExecute: how long the pod stays bound after the taint.",
+    )
+
+    rules: ClassVar = (
+        Rule(
+            cel="!has(self.key) || !self.key.contains('/') || self.key.indexOf('/') <= 253",
+            message="tolerations: the prefix of key (before '/') must be at most 253 characters",
+            check=lambda m: prefix_fits(m.key),
+            field_path=".key",
+        ),
+        Rule(
+            cel="(has(self.key) && self.key != '') || "
+            "(has(self.operator) && self.operator == 'Exists')",
+            message="tolerations: operator must be Exists when key is empty (it tolerates "
+            "every taint)",
+            check=lambda m: bool(m.key) or m.operator == "Exists",
+            field_path=".operator",
+        ),
+        Rule(
+            cel="!has(self.operator) || self.operator != 'Exists' || "
+            "!has(self.value) || self.value == ''",
+            message="tolerations: value must be empty when operator is Exists",
+            check=lambda m: m.operator != "Exists" or not m.value,
+            field_path=".value",
+        ),
+        Rule(
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="tolerations: tolerationSeconds needs effect NoExecute",
+            check=lambda m: m.toleration_seconds is None or m.effect == "NoExecute",
+            field_path=".effect",
+        ),
+    )
