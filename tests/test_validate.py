@@ -336,3 +336,18 @@ def test_pod_fields_are_checked_as_the_api_server_checks_a_pod(
     }
     code, output = _run(tmp_path, model, capsys)
     assert code == 0, output
+
+
+def test_a_namespace_the_api_server_would_refuse_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_example("minimal")
+    for namespace, fragment in (
+        ("Bad_NS", "metadata.namespace: must be a namespace name"),
+        ("a" * 64, "metadata.namespace: String should have at most 63 characters"),
+    ):
+        model["metadata"]["namespace"] = namespace
+        code, output = _run(tmp_path, model, capsys)
+        assert code == 1 and fragment in output, output
+    model["metadata"]["namespace"] = "team-a"
+    assert _run(tmp_path, model, capsys)[0] == 0
