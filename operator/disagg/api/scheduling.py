@@ -64,8 +64,9 @@ class Toleration(ApiModel):
     )
     toleration_seconds: int | None = Field(
         default=None,
-        ge=-(2**63),
-        le=2**63 - 1,
+        # The API server takes any int64; bounded where JSON numbers (and Helm) stay exact.
+        ge=-(2**53),
+        le=2**53,
         description="With effect NoExecute: how long the pod stays bound after the taint.",
     )
 
