@@ -146,15 +146,27 @@ def test_api_server_and_disagg_validate_reject_alike(
     message: str,
     spec_patch: dict[str, Any],
 ) -> None:
+    server, ours = _refused_by_both(kube, namespace, tmp_path, capsys, spec_patch)
+    assert message in server, server
+    assert message in ours
+    assert kube.get("dm", "broken", namespace) is None
+
+
+def _refused_by_both(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    spec_patch: dict[str, Any],
+) -> tuple[str, str]:
+    """What the API server and ``disagg validate`` say when both refuse the patched model."""
     manifest = _manifest(spec_patch)
     result = kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", check=False)
-    assert result.returncode != 0
-    assert message in result.stderr, result.stderr
+    assert result.returncode != 0, "the API server accepted it"
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    assert disagg_main(["validate", "-f", str(path)]) == 1
-    assert message in capsys.readouterr().err
-    assert kube.get("dm", "broken", namespace) is None
+    assert disagg_main(["validate", "-f", str(path)]) == 1, "disagg validate accepted it"
+    return result.stderr, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -171,13 +183,9 @@ def test_pod_fields_the_api_server_would_refuse_are_refused_up_front(
     spec_patch: dict[str, Any],
 ) -> None:
     # Accepted here, these rendered pods the API server refuses (issue: 99 of 561 did).
-    manifest = _manifest(spec_patch)
-    result = kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", check=False)
-    assert result.returncode != 0 and field.split(".")[-1] in result.stderr, result.stderr
-    path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    assert disagg_main(["validate", "-f", str(path)]) == 1
-    assert f"spec.{field}: " in capsys.readouterr().err
+    server, ours = _refused_by_both(kube, namespace, tmp_path, capsys, spec_patch)
+    assert field.split(".")[-1] in server, server
+    assert f"spec.{field}: " in ours, ours
 
 
 def test_valid_tolerations_render_pods_the_api_server_accepts(
