@@ -76,6 +76,10 @@ def labels(model: str, role: ComponentRole) -> dict[str, str]:
     }
 
 
+CHILDREN_SELECTOR: Final = f"app.kubernetes.io/managed-by={MANAGER},{MODEL_LABEL}"
+"""Label selector matching every child (and pod) of every model the operator manages."""
+
+
 def model_selector(model: str) -> str:
     """Label selector matching every child of a model."""
     return f"{MODEL_LABEL}={model}"

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from disagg.api.scheduling import PATTERN_MEANINGS
+from disagg.api.scheduling import DNS_LABEL, PATTERN_MEANINGS
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.nesting import path_deeper_than
@@ -28,13 +28,6 @@ CATEGORIES: Final = ("disagg",)
 
 NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH: Final = 63
-NAMESPACE_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-"""A DNS-1123 label, as the API server requires of a namespace name."""
-MEANINGS: Final = {
-    **PATTERN_MEANINGS,
-    NAMESPACE_PATTERN: "must be a namespace name: lowercase letters, digits and '-', "
-    "starting and ending with a letter or digit",
-}
 
 
 class Metadata(BaseModel):
@@ -43,7 +36,7 @@ class Metadata(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
     name: str
-    namespace: str = Field(default="default", max_length=63, pattern=NAMESPACE_PATTERN)
+    namespace: str = Field(default="default", max_length=63, pattern=DNS_LABEL)
     uid: str | None = None
     generation: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -94,8 +87,8 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
             message = "unknown field"
         elif item["type"] == "missing":
             message = "required field is missing"
-        elif item["type"] == "string_pattern_mismatch" and ctx.get("pattern") in MEANINGS:
-            message = f"{MEANINGS[ctx['pattern']]} (got {item.get('input')!r})"
+        elif item["type"] == "string_pattern_mismatch" and ctx.get("pattern") in PATTERN_MEANINGS:
+            message = f"{PATTERN_MEANINGS[ctx['pattern']]} (got {item.get('input')!r})"
         elif item["type"] in ("dict_type", "model_type", "model_attributes_type"):
             message = f"expected a mapping, got {_json_type(item.get('input'))}"
         else:

@@ -1,7 +1,8 @@
-"""Where a pool's pods may run: tolerations and the names they use, validated as the API
-server validates a pod (Kubernetes v1.35.4, ``pkg/apis/core/validation``: ValidateTolerations,
-IsQualifiedName, IsValidLabelValue, NameIsDNSSubdomain), so a model this accepts renders pods
-the API server accepts too.
+"""Where a pool's pods may run, and the Kubernetes name syntaxes: tolerations, label keys and
+values, DNS subdomains and labels, validated as the API server validates them (Kubernetes
+v1.35.4, ``pkg/apis/core/validation``: ValidateTolerations, IsQualifiedName,
+IsValidLabelValue, NameIsDNSSubdomain, IsDNS1123Label), so a model this accepts renders
+objects the API server accepts too.
 
 Patterns are OpenAPI ``pattern``s (checked by the API server natively, and by pydantic the
 same way); what spans fields is a :class:`~disagg.api.rules.Rule`.
@@ -16,13 +17,16 @@ from pydantic import Field
 from disagg.api.base import ApiModel
 from disagg.api.rules import Rule
 
-_DNS_SUBDOMAIN: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN: Final = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
 _NAME: Final = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 QUALIFIED_NAME: Final = rf"^(({_DNS_SUBDOMAIN}/)?{_NAME})?$"
 """A label key (an optional DNS-subdomain prefix and ``/``, then a name of at most 63), or
 empty."""
 LABEL_VALUE: Final = rf"^({_NAME})?$"
 DNS_SUBDOMAIN: Final = rf"^{_DNS_SUBDOMAIN}$"
+DNS_LABEL: Final = rf"^{_DNS_LABEL}$"
+"""A DNS-1123 label (a namespace name)."""
 MAX_PREFIX: Final = 253
 PATTERN_MEANINGS: Final = {
     QUALIFIED_NAME: "must be a label key: an optional DNS-subdomain prefix and '/', then at "
@@ -31,6 +35,8 @@ PATTERN_MEANINGS: Final = {
     "starting and ending with a letter or digit (or empty)",
     DNS_SUBDOMAIN: "must be a DNS subdomain name: lowercase letters, digits, '-' and '.', "
     "starting and ending with a letter or digit",
+    DNS_LABEL: "must be a namespace name: lowercase letters, digits and '-', starting and "
+    "ending with a letter or digit",
 }
 """What each pattern means, for error messages (the regular expression is not a message)."""
 

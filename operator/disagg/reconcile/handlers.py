@@ -20,7 +20,7 @@ from aiohttp import web
 from disagg.autoscale.loop import ModelAutoscaler
 from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
-from disagg.naming import MANAGER, MODEL_LABEL
+from disagg.naming import CHILDREN_SELECTOR, MODEL_LABEL
 from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
 from disagg.reconcile.metrics import OperatorMetrics, serve
@@ -38,9 +38,6 @@ CHILD_RESOURCES = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
-
-
-CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGER},{MODEL_LABEL}"
 
 
 @dataclass
@@ -146,7 +143,7 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         # Filter children and pods in the API server, not after they are streamed here: on a
         # shared GPU cluster the operator's traffic and memory follow its own objects.
         for group, version, plural in CHILD_RESOURCES:
-            settings.watching.label_selectors[group, version, plural] = CHILD_SELECTOR
+            settings.watching.label_selectors[group, version, plural] = CHILDREN_SELECTOR
         metrics = OperatorMetrics()
         client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
         runtime = Runtime(
@@ -220,5 +217,4 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             plural,
             registry=registry,
             id=f"child-{plural}",
-            labels={"app.kubernetes.io/managed-by": MANAGER, MODEL_LABEL: kopf.PRESENT},
-        )(child_event)
+        )(child_event)  # only children arrive: the API server filters by CHILDREN_SELECTOR
