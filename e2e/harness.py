@@ -6,6 +6,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from disagg.demo.procs import Kube, Operator, Timeout, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,6 +20,7 @@ __all__ = [
     "Operator",
     "Timeout",
     "condition",
+    "example",
     "new_namespace",
     "scoped_operator",
     "wait_for",
@@ -33,6 +36,14 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
             c: dict[str, Any] = cond
             return c
     return None
+
+
+def example(name: str) -> dict[str, Any]:
+    """An example model from manifests/examples, without its namespace (a test applies it in
+    its own)."""
+    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    manifest["metadata"].pop("namespace", None)
+    return manifest
 
 
 def new_namespace(kube: Kube) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import EXAMPLES, Kube, condition, scoped_operator, wait_for
+from harness import Kube, condition, example, scoped_operator, wait_for
 
 CACHE = Path(os.environ.get("DISAGG_CACHE", Path.home() / ".cache/disagg"))
 KEDA_CRD = CACHE / "crds" / "keda" / "keda.sh_scaledobjects.yaml"
@@ -36,8 +36,7 @@ def keda(kube: Kube) -> Iterator[None]:
 
 
 def _model(**autoscaling: Any) -> str:
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / "llama-8b-nixl-rdma.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
+    manifest = example("llama-8b-nixl-rdma")
     manifest["spec"]["autoscaling"].update(autoscaling)
     return yaml.safe_dump(manifest)
 

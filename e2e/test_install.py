@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from disagg.devcluster.layout import cache_dir
-from harness import EXAMPLES, ROOT, Kube, Operator, condition, wait_for
+from harness import ROOT, Kube, Operator, condition, example, wait_for
 
 CHART = ROOT / "charts" / "disagg-operator"
 RELEASE = "e2e-disagg-operator"
@@ -186,8 +186,7 @@ def release(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def _apply_example(kube: Kube, namespace: str, name: str = "minimal") -> dict[str, Any]:
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
+    manifest = example(name)
     kube.apply(yaml.safe_dump(manifest), namespace)
     return manifest
 
@@ -441,6 +440,4 @@ def test_gitops_reapply_after_the_operator_worked_changes_nothing(
 
 
 def _example_with_autoscaling() -> dict[str, Any]:
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / "llama-8b-nixl-rdma.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
-    return manifest
+    return example("llama-8b-nixl-rdma")

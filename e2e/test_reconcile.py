@@ -7,14 +7,13 @@ from typing import Any
 
 import yaml
 
-from harness import EXAMPLES, Kube, Operator, condition, wait_for
+from harness import Kube, Operator, condition, example, wait_for
 
 MODEL_KINDS = "deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings"
 
 
 def _example(name: str, **spec_overrides: Any) -> dict[str, Any]:
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
+    manifest = example(name)
     manifest["spec"].update(spec_overrides)
     return manifest
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import EXAMPLES, Kube, Operator, condition, scoped_operator, wait_for
+from harness import Kube, Operator, condition, example, scoped_operator, wait_for
 
 MODEL = "qwen-small"
 
@@ -28,8 +28,7 @@ def own_operator(kube: Kube, namespace: str) -> Iterator[Operator]:
 
 
 def _apply_model(kube: Kube, namespace: str, **prefill: Any) -> None:
-    manifest: dict[str, Any] = yaml.safe_load((EXAMPLES / "minimal.yaml").read_text())
-    manifest["metadata"].pop("namespace", None)
+    manifest = example("minimal")
     manifest["spec"]["prefill"] = {**manifest["spec"].get("prefill", {}), **prefill}
     kube.apply(yaml.safe_dump(manifest), namespace)
 
