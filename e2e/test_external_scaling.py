@@ -9,6 +9,7 @@ longer wanted.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,5 +124,63 @@ def test_hpa_mode_works_on_a_cluster_without_keda(kube: Kube, namespace: str) ->
         kube.apply(_model(enabled=True, mode="external", externalScaler="hpa"), namespace)
         wait_for("both HPAs", lambda: len(_scalers(kube, namespace, "hpa")) == 2, timeout=60)
         wait_for("the model's status to settle", lambda: _settled(kube, namespace), timeout=60)
+    finally:
+        operator.stop()
+
+
+def _replicas_owners(kube: Kube, namespace: str) -> set[str]:
+    found = kube.run(
+        "get", "deployment", f"{MODEL}-decode", "-n", namespace, "-o", "json",
+        "--show-managed-fields", check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return set()
+    deployment = json.loads(found.stdout)
+    return {
+        entry["manager"]
+        for entry in deployment["metadata"].get("managedFields", [])
+        if "f:replicas" in entry.get("fieldsV1", {}).get("f:spec", {})
+    }
+
+
+def _decode_replicas(kube: Kube, namespace: str) -> int:
+    deployment = kube.get("deployment", f"{MODEL}-decode", namespace)
+    assert deployment is not None
+    return int(deployment["spec"]["replicas"])
+
+
+def test_an_external_scaler_takes_a_pool_over_at_its_current_size(
+    kube: Kube, namespace: str
+) -> None:
+    # Server-side apply removes a field its manager stops applying when nobody else owns it,
+    # and a Deployment without replicas runs one: the operator hands the count over first.
+    operator = scoped_operator(kube, namespace, "handover")
+    try:
+        kube.apply(_model(enabled=True, mode="builtin"), namespace)
+        wait_for(
+            "the operator to create the decode pool at its spec size",
+            lambda: _replicas_owners(kube, namespace) == {"disagg-operator"},
+            timeout=60,
+        )
+        assert _decode_replicas(kube, namespace) == 2
+
+        kube.apply(_model(enabled=True, mode="external", externalScaler="hpa"), namespace)
+        wait_for("both HPAs", lambda: len(_scalers(kube, namespace, "hpa")) == 2, timeout=60)
+        passes = operator.reconciles()
+        wait_for("two more passes", lambda: operator.reconciles() >= passes + 2, timeout=30)
+        assert _decode_replicas(kube, namespace) == 2
+        assert _replicas_owners(kube, namespace) == {"disagg-handover"}
+
+        # What the HPA would do (this control plane runs no HPA controller), then back to
+        # the builtin autoscaler, which carries on from the pool's live size.
+        kube.run("scale", f"deployment/{MODEL}-decode", "--replicas=3", "-n", namespace)
+        kube.apply(_model(enabled=True, mode="builtin"), namespace)
+        wait_for(
+            "the operator to own the pool's size again",
+            lambda: "disagg-operator" in _replicas_owners(kube, namespace),
+            timeout=30,
+        )
+        assert not _scalers(kube, namespace, "hpa")
+        assert _decode_replicas(kube, namespace) == 3
     finally:
         operator.stop()

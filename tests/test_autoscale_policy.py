@@ -351,22 +351,6 @@ def test_queries_use_the_relabelled_pool_labels_and_overrides() -> None:
     assert sglang["queue"] == 'max(my_queue{namespace="ns",disagg_model="m",disagg_role="prefill"})'
 
 
-def test_merge_patch_application_decides_whether_a_status_write_is_needed() -> None:
-    from disagg.autoscale.loop import _without_timestamp, apply_merge_patch
-
-    status = {
-        "metrics": {"ttftP99": "1s", "observedAt": "t1"},
-        "conditions": [{"type": "ScalingActive"}],
-    }
-    same = apply_merge_patch(
-        status, {"metrics": {"observedAt": "t2"}, "conditions": [{"type": "ScalingActive"}]}
-    )
-    assert _without_timestamp(same) == _without_timestamp(status)
-    moved = apply_merge_patch(status, {"metrics": {"ttftP99": None, "observedAt": "t2"}})
-    assert moved["metrics"] == {"observedAt": "t2"}
-    assert _without_timestamp(moved) != _without_timestamp(status)
-
-
 def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one() -> None:
     from disagg.autoscale.metrics import cumulative_buckets
 

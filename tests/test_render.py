@@ -313,25 +313,39 @@ def test_disabled_router_renders_no_router_objects() -> None:
     assert all(o["metadata"]["labels"]["disagg.dev/role"] != "router" for o in objects)
 
 
-def test_autoscaled_pools_leave_replicas_to_the_autoscaler() -> None:
+def test_pool_replicas_follow_the_autoscaler_decision_within_bounds_and_external_scalers_own_theirs() -> (
+    None
+):
     manifest = load_example("llama-8b-nixl-rdma")
+    model = parse_model({**manifest, "metadata": {**manifest["metadata"], "uid": "u"}})
+    bounds = {r: model.spec.pool(r).autoscaling for r in ("prefill", "decode")}
+    decided = {"prefill": 5, "decode": bounds["decode"].max_replicas + 22}
     deployments = {
+        o["metadata"]["name"]: o["spec"]
+        for o in render_all(RenderContext(model, replicas=decided))
+        if o["kind"] == "Deployment"
+    }
+    assert deployments["llama-8b-prefill"]["replicas"] == 5
+    assert deployments["llama-8b-decode"]["replicas"] == bounds["decode"].max_replicas
+    assert deployments["llama-8b-router"]["replicas"] == 2
+    # Before any decision (offline render, a new model): the spec's size within the bounds.
+    fresh = {
         o["metadata"]["name"]: o["spec"] for o in _render(manifest) if o["kind"] == "Deployment"
     }
-    assert (
-        "replicas" not in deployments["llama-8b-prefill"]
-        and "replicas" not in deployments["llama-8b-decode"]
+    assert fresh["llama-8b-prefill"]["replicas"] == max(
+        bounds["prefill"].min_replicas, manifest["spec"]["prefill"].get("replicas", 1)
     )
-    assert deployments["llama-8b-router"]["replicas"] == 2
-    ctx = RenderContext(
-        parse_model({**manifest, "metadata": {**manifest["metadata"], "uid": "u"}}),
-        replicas={"prefill": 5, "decode": 30},
-    )
-    assert pool_replicas(ctx, "prefill") == 5
-    assert pool_replicas(ctx, "decode") == 8  # clamped to maxReplicas
     assert not [
         o for o in _render(manifest) if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")
     ]
+    manifest["spec"]["autoscaling"]["mode"] = "external"
+    external = {
+        o["metadata"]["name"]: o["spec"] for o in _render(manifest) if o["kind"] == "Deployment"
+    }
+    assert "replicas" not in external["llama-8b-prefill"]
+    assert "replicas" not in external["llama-8b-decode"]
+    ctx = RenderContext(model, replicas={"prefill": 5})
+    assert pool_replicas(ctx, "prefill") == 5
 
 
 def test_external_mode_renders_keda_scaled_objects_from_the_same_queries() -> None:

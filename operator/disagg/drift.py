@@ -75,3 +75,16 @@ def needs_apply(stamped: Obj, live: Obj | None) -> bool:
     # List results carry no apiVersion/kind per item; the caller matched those already.
     body = {k: v for k, v in stamped.items() if k not in ("apiVersion", "kind")}
     return not is_subset(body, live)
+
+
+def owns_field(live: Obj, manager: str, path: tuple[str, ...]) -> bool:
+    """Whether ``manager`` owns the field at ``path`` of a live object, by its managedFields."""
+    for entry in live.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("subresource"):
+            continue
+        fields: Any = entry.get("fieldsV1") or {}
+        for part in path:
+            fields = fields.get(f"f:{part}") if isinstance(fields, dict) else None
+        if fields is not None:
+            return True
+    return False

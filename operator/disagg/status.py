@@ -11,6 +11,8 @@ The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
   scheduler's message says what is missing: GPUs, the RDMA resource, a node selector),
   ``ApplyRejected`` when the API server refused a child (its message), or ``InvalidSpec``
   when the spec fails validation.
+* ``ScalingActive`` and ``ScalingLimited`` say what the last autoscaler evaluation found
+  (:class:`ScalingRecord`); a pass without an evaluation keeps what the last one said.
 * ``lastTransitionTime`` only moves when a condition's status changes.
 """
 
@@ -25,11 +27,28 @@ from disagg.api.status import (
     Condition,
     ConditionType,
     DisaggregatedModelStatus,
+    ObservedMetrics,
     PoolStatus,
     RouterStatus,
 )
 
 Obj = dict[str, Any]
+Verdict = tuple[Literal["True", "False", "Unknown"], str, str]
+"""A condition's (status, reason, message)."""
+
+
+@dataclass(frozen=True)
+class ScalingRecord:
+    """What one autoscaler evaluation found, as status shows it."""
+
+    active: Verdict
+    """ScalingActive: tracking the SLOs, or holding replicas and why."""
+    limited: Verdict | None = None
+    """ScalingLimited; None keeps the previous one (an evaluation that read no metrics)."""
+    scaled: Mapping[str, str] = field(default_factory=dict)
+    """Pools resized by this evaluation, with the reason."""
+    metrics: ObservedMetrics | None = None
+    """The signals read; None keeps the previous ones."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,8 @@ class Observed:
     router_endpoint: str | None = None
     autoscaling_enabled: bool = False
     autoscaling_mode: str = "builtin"
+    scaling: ScalingRecord | None = None
+    """This pass's autoscaler evaluation; None when none was due."""
 
 
 def _deployment_counts(deployment: Obj | None) -> tuple[int, int, int]:
@@ -54,16 +75,19 @@ def _deployment_counts(deployment: Obj | None) -> tuple[int, int, int]:
     return int(status.get("replicas", 0)), int(status.get("readyReplicas", 0)), desired
 
 
-def pool_status(deployment: Obj | None, previous: PoolStatus | None) -> PoolStatus:
-    """A pool's counts; autoscaler fields carry over from the previous status."""
+def pool_status(
+    deployment: Obj | None, previous: PoolStatus | None, scaled: str | None, now: str
+) -> PoolStatus:
+    """A pool's counts; the last resize is this pass's (``scaled``, its reason) or the
+    previous status's."""
     replicas, ready, desired = _deployment_counts(deployment)
     return PoolStatus(
         replicas=replicas,
         ready_replicas=ready,
         desired_replicas=desired,
         summary=f"{ready}/{desired}",
-        last_scale_time=previous.last_scale_time if previous else None,
-        last_scale_reason=previous.last_scale_reason if previous else None,
+        last_scale_time=now if scaled else previous.last_scale_time if previous else None,
+        last_scale_reason=scaled or (previous.last_scale_reason if previous else None),
     )
 
 
@@ -143,8 +167,16 @@ def compute_status(
 ) -> DisaggregatedModelStatus:
     """The full status of a model whose spec is valid."""
     prev_conditions = {c.type: c for c in (previous.conditions if previous else [])}
-    prefill = pool_status(obs.deployments.get("prefill"), previous.prefill if previous else None)
-    decode = pool_status(obs.deployments.get("decode"), previous.decode if previous else None)
+    scaled = obs.scaling.scaled if obs.scaling else {}
+    prefill, decode = (
+        pool_status(
+            obs.deployments.get(role),
+            getattr(previous, role) if previous else None,
+            scaled.get(role),
+            now,
+        )
+        for role in ("prefill", "decode")
+    )
     r_replicas, r_ready, _ = _deployment_counts(obs.deployments.get("router"))
     router = RouterStatus(
         replicas=r_replicas,
@@ -207,40 +239,61 @@ def compute_status(
     else:
         degraded = _condition("Degraded", "False", "AsExpected", "", gen, prev_conditions, now)
 
-    extra: list[Condition] = []
-    if obs.autoscaling_enabled and obs.autoscaling_mode == "external":
-        scaling = _condition(
-            "ScalingActive", "True", "ExternalScaler",
-            "replica counts are managed by the rendered KEDA ScaledObjects or HPAs",
-            gen, prev_conditions, now,
-        )  # fmt: skip
-    elif obs.autoscaling_enabled:
-        # The autoscaler owns these two conditions; keep what it last wrote.
-        scaling = prev_conditions.get("ScalingActive") or _condition(
-            "ScalingActive", "Unknown", "AutoscalerStarting",
-            "waiting for the first autoscaler evaluation", gen, prev_conditions, now,
-        )  # fmt: skip
-        if "ScalingLimited" in prev_conditions:
-            extra.append(prev_conditions["ScalingLimited"])
-    else:
-        scaling = _condition(
-            "ScalingActive",
-            "False",
-            "AutoscalingDisabled",
-            "spec.autoscaling.enabled is false; pools keep spec replicas",
-            gen,
-            prev_conditions,
-            now,
-        )
-
+    scaling = _scaling_conditions(obs, prev_conditions, now)
     return DisaggregatedModelStatus(
         observed_generation=gen,
-        conditions=_order([ready, progressing, degraded, scaling, *extra]),
+        conditions=_order([ready, progressing, degraded, *scaling]),
         prefill=prefill,
         decode=decode,
         router=router,
-        metrics=previous.metrics if previous else DisaggregatedModelStatus().metrics,
+        metrics=_metrics(obs, previous),
     )
+
+
+def _metrics(obs: Observed, previous: DisaggregatedModelStatus | None) -> ObservedMetrics:
+    if not (obs.autoscaling_enabled and obs.autoscaling_mode == "builtin"):
+        return ObservedMetrics()  # nobody reads Prometheus for this model: show nothing stale
+    if obs.scaling is not None and obs.scaling.metrics is not None:
+        return obs.scaling.metrics
+    return previous.metrics if previous else ObservedMetrics()
+
+
+def _scaling_conditions(
+    obs: Observed, prev: Mapping[ConditionType, Condition], now: str
+) -> list[Condition]:
+    """ScalingActive, and ScalingLimited while the builtin autoscaler runs."""
+    gen = obs.generation
+    if not obs.autoscaling_enabled:
+        return [
+            _condition(
+                "ScalingActive", "False", "AutoscalingDisabled",
+                "spec.autoscaling.enabled is false; pools keep spec replicas", gen, prev, now,
+            )
+        ]  # fmt: skip
+    if obs.autoscaling_mode == "external":
+        return [
+            _condition(
+                "ScalingActive", "True", "ExternalScaler",
+                "replica counts are managed by the rendered KEDA ScaledObjects or HPAs",
+                gen, prev, now,
+            )
+        ]  # fmt: skip
+    record = obs.scaling
+    if record is None:  # no evaluation this pass: what the last one said still holds
+        active = prev.get("ScalingActive")
+        if active is None or active.reason in ("AutoscalingDisabled", "ExternalScaler"):
+            active = _condition(
+                "ScalingActive", "Unknown", "AutoscalerStarting",
+                "waiting for the first autoscaler evaluation", gen, prev, now,
+            )  # fmt: skip
+        limited = prev.get("ScalingLimited")
+        return [active, *([limited] if limited else [])]
+    conditions = [_condition("ScalingActive", *record.active, gen, prev, now)]
+    if record.limited is not None:
+        conditions.append(_condition("ScalingLimited", *record.limited, gen, prev, now))
+    elif "ScalingLimited" in prev:
+        conditions.append(prev["ScalingLimited"])
+    return conditions
 
 
 def invalid_status(

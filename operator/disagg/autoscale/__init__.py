@@ -1,1 +1,1 @@
-"""SLO-driven autoscaling: the pure policy and PromQL, the Prometheus reader, the loop."""
+"""SLO-driven autoscaling: the pure policy and PromQL, the Prometheus reader, one evaluation."""

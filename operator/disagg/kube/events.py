@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import secrets
 from typing import Any
 
+from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.naming import MANAGER
 
@@ -16,9 +16,12 @@ log = logging.getLogger("disagg.events")
 class EventRecorder:
     """Posts core/v1 Events; a failure to post is logged, never fatal."""
 
-    def __init__(self, client: KubeClient, component: str = MANAGER) -> None:
+    def __init__(
+        self, client: KubeClient, component: str = MANAGER, clock: Clock = system_clock
+    ) -> None:
         self._client = client
         self._component = component
+        self._clock = clock
 
     async def normal(self, body: dict[str, Any], reason: str, message: str) -> None:
         await self._post(body, "Normal", reason, message)
@@ -28,7 +31,7 @@ class EventRecorder:
 
     async def _post(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]
-        now = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        now = rfc3339(self._clock())
         event = {
             "apiVersion": "v1",
             "kind": "Event",

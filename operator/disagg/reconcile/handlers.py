@@ -17,14 +17,13 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from disagg.autoscale.loop import ModelAutoscaler
 from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
 from disagg.naming import CHILDREN_SELECTOR, MODEL_LABEL
 from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
 from disagg.reconcile.metrics import OperatorMetrics, serve
-from disagg.reconcile.model import reconcile_model
+from disagg.reconcile.model import Reconciler
 from disagg.reconcile.queue import Key, WorkQueue
 
 log = logging.getLogger("disagg.operator")
@@ -46,13 +45,12 @@ class Runtime:
 
     config: RunConfig
     client: KubeClient
-    recorder: EventRecorder
+    reconciler: Reconciler
     metrics: OperatorMetrics
     queue: WorkQueue | None = None
     elector: LeaderElector | None = None
     server: web.AppRunner | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    autoscalers: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     ready: bool = False
 
     @property
@@ -64,20 +62,11 @@ class Runtime:
             self.queue.add(key)
             self.metrics.queue.set(self.queue.pending())
 
-    def ensure_autoscaler(self, key: Key) -> None:
-        """Run the model's autoscaler loop (one per model, on the leader only)."""
-        if not self.leading or key in self.autoscalers:
-            return
-        scaler = ModelAutoscaler(
-            self.client, self.recorder, key[0], key[1], on_change=lambda: self.enqueue(key)
-        )
-        task = asyncio.create_task(scaler.run(), name=f"autoscaler {key[0]}/{key[1]}")
-        self.autoscalers[key] = task
-        task.add_done_callback(lambda _: self.autoscalers.pop(key, None))
-
-    def stop_autoscalers(self) -> None:
-        for task in list(self.autoscalers.values()):
-            task.cancel()
+    def lose_leadership(self) -> None:
+        """Forget what only the leader may act on: scheduled evaluations, policy memory."""
+        if self.queue is not None:
+            self.queue.forget_timers()
+        self.reconciler.scalers.clear()
 
     async def enqueue_all(self) -> None:
         scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
@@ -90,13 +79,18 @@ async def _work(runtime: Runtime, key: Key) -> None:
     namespace, name = key
     with runtime.metrics.duration.time():
         try:
-            outcome = await reconcile_model(runtime.client, runtime.recorder, namespace, name)
+            outcome = await runtime.reconciler.reconcile(namespace, name)
         except Exception:
             runtime.metrics.reconciles.labels(result="error").inc()
             raise
-    if outcome.autoscaled:
-        runtime.ensure_autoscaler(key)
-    result = "invalid" if outcome.invalid else "gone" if outcome.gone else "ok"
+    if outcome.conflict:
+        runtime.enqueue(key)  # the model changed under the pass: again, against the new one
+    elif outcome.requeue_after is not None and runtime.queue is not None and runtime.leading:
+        runtime.queue.add_after(key, outcome.requeue_after)
+    result = (
+        "invalid" if outcome.invalid else "gone" if outcome.gone
+        else "conflict" if outcome.conflict else "ok"
+    )  # fmt: skip
     runtime.metrics.reconciles.labels(result=result).inc()
     if outcome.applied or outcome.pruned:
         log.info(
@@ -147,7 +141,10 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         metrics = OperatorMetrics()
         client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
         runtime = Runtime(
-            config=config, client=client, recorder=EventRecorder(client), metrics=metrics
+            config=config,
+            client=client,
+            reconciler=Reconciler(client, EventRecorder(client)),
+            metrics=metrics,
         )
         runtime.queue = WorkQueue(lambda key: _work(runtime, key), concurrency=config.concurrency)
 
@@ -156,7 +153,7 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             if leading:
                 runtime.tasks.append(asyncio.create_task(runtime.enqueue_all()))
             else:
-                runtime.stop_autoscalers()
+                runtime.lose_leadership()
 
         if config.leader_election:
             runtime.elector = LeaderElector(
@@ -185,8 +182,6 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         if runtime is None:
             return
         runtime.ready = False
-        runtime.stop_autoscalers()
-        await asyncio.gather(*runtime.autoscalers.values(), return_exceptions=True)
         for task in runtime.tasks:
             task.cancel()
         await asyncio.gather(*runtime.tasks, return_exceptions=True)

@@ -17,28 +17,19 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from disagg.clock import Clock, parse_time, system_clock
 from disagg.kube.client import KubeClient, KubeError
 
 log = logging.getLogger("disagg.leader")
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _fmt(moment: dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(text: str | None) -> dt.datetime | None:
-    if not text:
-        return None
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
 def lease_expired(spec: dict[str, Any], now: dt.datetime) -> bool:
     """Whether a lease's holder has missed its renewal deadline (pure)."""
-    renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     if renewed is None:
         return True
     return now > renewed + dt.timedelta(seconds=int(spec.get("leaseDurationSeconds", 15)))
@@ -55,7 +46,9 @@ class LeaderElector:
         on_change: Callable[[bool], None],
         lease_seconds: int = 15,
         renew_seconds: float = 4.0,
+        clock: Clock = system_clock,
     ) -> None:
+        self._clock = clock
         self._client = client
         self._namespace = namespace
         self._name = name
@@ -92,7 +85,7 @@ class LeaderElector:
 
     async def try_once(self) -> bool:
         """One acquire-or-renew round; returns whether this replica leads afterwards."""
-        now = _now()
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         current = await self._client.get("Lease", self._namespace, self._name)
         mine = {
             "holderIdentity": self.identity,

@@ -1,67 +1,68 @@
-"""One level-based pass over one model: validate, render, apply, prune, observe, write status.
+"""One level-based pass over one model, the operator's only control loop.
 
-The same function runs for create, update, resume, a child's change and the periodic
-resync; it never branches on which event fired. It writes only what differs (see
+    read the model -> validate -> list its children
+      -> an autoscaler evaluation, if one is due: Prometheus -> the pure policy -> replicas
+      -> render (pool replicas: the decision, else the live size, else the spec's)
+      -> apply what differs -> prune what is unwanted -> observe pods
+      -> compute the status -> one status write -> requeue when the next evaluation is due
+
+The same pass runs for create, update, a child's change, the periodic resync and the
+autoscaler's interval (a requeue-after on the work queue); it never branches on which event
+fired. It is the one writer of pool replicas (rendered into the Deployments it applies) and
+of the model's status (:meth:`Reconciler._write_status`). It writes only what differs (see
 :mod:`disagg.drift`), so an unchanged model costs reads and no writes.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
 from pydantic import ValidationError
 
+from disagg.api.base import parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.status import DisaggregatedModelStatus
-from disagg.autoscale.loop import AUTOSCALER_MANAGER, replicas_object
-from disagg.drift import needs_apply, stamp
+from disagg.autoscale.evaluate import (
+    POOLS,
+    Evaluation,
+    ScalerState,
+    SourceFactory,
+    evaluate,
+    evaluation_events,
+    mark_cheapest,
+    scaling_record,
+)
+from disagg.autoscale.metrics import PrometheusSource
+from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.naming import child_name, model_selector
+from disagg.reconcile.children import Live, apply_children, list_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
-from disagg.status import Observed, compute_status, invalid_status, status_patch
+from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
 
 log = logging.getLogger("disagg.reconcile")
 Obj = dict[str, Any]
-CHILD_KINDS = (
-    "ServiceAccount",
-    "Role",
-    "RoleBinding",
-    "Service",
-    "PodDisruptionBudget",
-    "Deployment",
-    "HorizontalPodAutoscaler",
-    "ScaledObject",
-)
-REJECTED = frozenset({400, 403, 404, 405, 413, 415, 422})
+Key = tuple[str, str]
+REJECTED: Final = frozenset({400, 403, 404, 405, 413, 415, 422})
 """Statuses that refuse the request itself: applying it again gets the same answer."""
-OPTIONAL_KINDS = frozenset({"ScaledObject"})
-"""Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a pass did: counts for logs and metrics."""
+    """What a pass did: counts for logs and metrics, and when to come back."""
 
     applied: int = 0
     pruned: int = 0
     status_written: bool = False
     invalid: bool = False
     gone: bool = False
-    autoscaled: bool = False
-    """The builtin autoscaler should run for this model."""
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _owned_by(obj: Obj, uid: str) -> bool:
-    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+    conflict: bool = False
+    """The model changed while the pass ran: run again now, against the new version."""
+    requeue_after: float | None = None
+    """Seconds until the next autoscaler evaluation is due."""
 
 
 def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
@@ -90,201 +91,194 @@ def _already_degraded(
     )
 
 
-async def _write_status(client: KubeClient, body: Obj, status: DisaggregatedModelStatus) -> bool:
-    meta = body["metadata"]
-    patch = status_patch(body.get("status") or {}, status.to_wire())
-    if patch is None:
+def worth_writing(patch: Obj | None) -> bool:
+    """Whether a status patch says anything but a new sample time (pure)."""
+    if not patch:
         return False
-    await client.patch_status(
-        "DisaggregatedModel", meta["namespace"], meta["name"], patch,
-        resource_version=meta.get("resourceVersion"),
-    )  # fmt: skip
-    return True
+    metrics = patch.get("metrics")
+    rest = {k: v for k, v in patch.items() if k != "metrics"}
+    return bool(rest) or (isinstance(metrics, dict) and set(metrics) != {"observedAt"})
 
 
-async def _apply_children(
-    client: KubeClient,
-    model: DisaggregatedModel,
-    desired: list[Obj],
-    live: dict[tuple[str, str], Obj],
-    recorder: EventRecorder,
-    body: Obj,
-) -> int:
-    done: dict[str, list[str]] = {"created": [], "updated": []}
-    try:
-        for obj in desired:
-            verb = await _apply_child(client, model, obj, live)
-            if verb is not None:
-                done[verb].append(_named(obj))
-    finally:
-        # One Event per pass, not one per child (a new model is one change to the user), and
-        # it names what was applied even when a later child was refused.
-        parts = [f"{verb} {', '.join(names)}" for verb, names in done.items() if names]
-        if parts:
-            reason = "Created" if done["created"] else "Updated"
-            await recorder.normal(body, reason, "; ".join(parts))
-    return len(done["created"]) + len(done["updated"])
+def _builtin(model: DisaggregatedModel) -> bool:
+    a = model.spec.autoscaling
+    return a.enabled and a.mode == "builtin"
 
 
-async def _apply_child(
-    client: KubeClient, model: DisaggregatedModel, obj: Obj, live: dict[tuple[str, str], Obj]
-) -> str | None:
-    """Apply one child if it differs from what is live: "created", "updated" or None."""
-    stamped = stamp(obj)
-    key = (obj["kind"], obj["metadata"]["name"])
-    current = live.get(key)
-    if not needs_apply(stamped, current):
-        return None
-    role = obj["metadata"]["labels"].get("disagg.dev/role")
-    hand_over = (
-        obj["kind"] == "Deployment"
-        and role in ("prefill", "decode")
-        and "replicas" not in obj["spec"]
-    )
-    if hand_over and current is not None:
-        await _hand_over_replicas(client, model, role, current)
-    try:
-        applied = await client.apply(stamped)
-    except KubeError as error:
-        hint = " (is the API that serves it installed?)" if error.status == 404 else ""
-        raise KubeError(
-            error.status, error.reason, f"{_named(obj)}: {error.message}{hint}"
-        ) from None
-    if hand_over and current is None:
-        # A new Deployment starts at one replica; the autoscaler's manager owns it from here.
-        applied = await _hand_over_replicas(client, model, role, None)
-    # What the API server answered is the live object now: no need to list it again.
-    live[key] = {**applied, "kind": obj["kind"]}
-    return "created" if current is None else "updated"
+@dataclass
+class Reconciler:
+    """The pass, with what it needs from outside: the API server, Prometheus, the clock."""
 
+    client: KubeClient
+    recorder: EventRecorder
+    clock: Clock = system_clock
+    prometheus: SourceFactory = PrometheusSource
+    scalers: dict[Key, ScalerState] = field(default_factory=dict)
+    """Each autoscaled model's policy memory (the leader's; dropped when leadership is)."""
 
-def _named(obj: Obj) -> str:
-    return f"{obj['kind']} {obj['metadata']['name']}"
-
-
-async def _hand_over_replicas(
-    client: KubeClient, model: DisaggregatedModel, role: str, live: Obj | None
-) -> Obj:
-    """Let the autoscaler's field manager own ``spec.replicas`` before the operator lets go.
-
-    The operator stops applying replicas when autoscaling is on; if nobody else owned the
-    field, server-side apply would drop it and the pool would fall back to one replica.
-    """
-    bounds = model.spec.pool(role).autoscaling  # type: ignore[arg-type]
-    current = int(live["spec"].get("replicas", 1)) if live else model.spec.pool(role).replicas  # type: ignore[arg-type]
-    replicas = max(bounds.min_replicas, min(bounds.max_replicas, current))
-    name = child_name(model.metadata.name, role)  # type: ignore[arg-type]
-    return await client.apply(
-        replicas_object(model.metadata.namespace, name, replicas), manager=AUTOSCALER_MANAGER
-    )
-
-
-async def _prune(
-    client: KubeClient,
-    uid: str,
-    desired: list[Obj],
-    live: dict[tuple[str, str], Obj],
-    recorder: EventRecorder,
-    body: Obj,
-) -> int:
-    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
-    deleted: list[str] = []
-    for (kind, name), obj in sorted(live.items()):
-        if (kind, name) in wanted or not _owned_by(obj, uid):
-            continue
-        if await client.delete(
-            kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
-        ):
-            deleted.append(f"{kind} {name}")
-            live.pop((kind, name))
-    if deleted:
-        message = f"deleted {', '.join(deleted)}: no longer wanted by the spec"
-        await recorder.normal(body, "Deleted", message)
-    return len(deleted)
-
-
-async def _list_children(
-    client: KubeClient, namespace: str, name: str
-) -> dict[tuple[str, str], Obj]:
-    live: dict[tuple[str, str], Obj] = {}
-    for kind in CHILD_KINDS:
+    async def reconcile(self, namespace: str, name: str) -> Outcome:
+        """Bring one model's children and status in line with its spec."""
+        body = await self.client.get("DisaggregatedModel", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self.scalers.pop((namespace, name), None)
+            return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
+        now = self.clock()
+        generation = int(body["metadata"].get("generation", 0))
+        previous = _previous_status(body)
         try:
-            objects = await client.list_objects(kind, namespace, model_selector(name))
+            model = parse_model(body)
+        except ManifestError as error:
+            status = invalid_status(error.problems, generation, previous, rfc3339(now))
+            if not _already_degraded(previous, "InvalidSpec", generation):
+                await self.recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
+            return await self._write_status(body, status, Outcome(invalid=True))
+
+        live = await list_children(self.client, namespace, name)
+        evaluation = await self._evaluate(model, body, live, now)
+        ctx = RenderContext(model, replicas=self._replicas(live, evaluation))
+        desired = render_all(ctx)
+        try:
+            applied = await apply_children(self.client, desired, live, self.recorder, body)
         except KubeError as error:
-            if error.status == 404 and kind in OPTIONAL_KINDS:
-                continue
-            raise
-        for obj in objects:
-            live[(kind, obj["metadata"]["name"])] = obj
-    return live
+            return await self._refused(body, previous, generation, now, error)
+        pruned = await prune(
+            self.client, body["metadata"]["uid"], desired, live, self.recorder, body
+        )
+        pods = await self.client.list_objects("Pod", namespace, model_selector(name))
+        observed = Observed(
+            generation=generation,
+            deployments={
+                role: live.get(("Deployment", child_name(name, role)))
+                for role in ("prefill", "decode", "router")
+            },
+            pods=pods,
+            router_enabled=model.spec.router.enabled,
+            router_endpoint=router_endpoint(ctx),
+            autoscaling_enabled=model.spec.autoscaling.enabled,
+            autoscaling_mode=model.spec.autoscaling.mode,
+            scaling=self._record(model, evaluation),
+        )
+        status = compute_status(observed, previous, rfc3339(now))
+        degraded = next(c for c in status.conditions if c.type == "Degraded")
+        if degraded.status == "True" and not _already_degraded(
+            previous, degraded.reason, generation
+        ):
+            await self.recorder.warning(body, degraded.reason, degraded.message)
+        if evaluation is not None:
+            before = (body.get("status") or {}).get("conditions") or []
+            for event in evaluation_events(evaluation, before):
+                await self._post(body, event)
+        outcome = Outcome(applied=applied, pruned=pruned, requeue_after=self._next(model, now))
+        outcome = await self._write_status(body, status, outcome)
+        state = self.scalers.get((namespace, name))
+        if state is not None and not outcome.conflict:
+            state.pending = None  # the evaluation is in status now
+        return outcome
 
+    async def _evaluate(
+        self, model: DisaggregatedModel, body: Obj, live: Live, now: float
+    ) -> Evaluation | None:
+        """An autoscaler evaluation when one is due and both pools exist, else None."""
+        key = (model.metadata.namespace, model.metadata.name)
+        if not _builtin(model):
+            self.scalers.pop(key, None)
+            return None
+        state = self.scalers.setdefault(key, ScalerState())
+        deployments = {
+            role: pool
+            for role in POOLS
+            if (pool := live.get(("Deployment", child_name(model.metadata.name, role))))
+        }
+        if now < state.next_evaluation or len(deployments) < len(POOLS):
+            return None
+        source = self.prometheus(model.spec.autoscaling.prometheus_url)
+        status = body.get("status") or {}
+        evaluation = await evaluate(model, source, deployments, status, state, now)
+        for decision in evaluation.resized():
+            if decision.desired < decision.current:
+                await mark_cheapest(self.client, model, decision.pool, source)
+        for decision in evaluation.resized():
+            log.info(
+                "%s/%s %s %d -> %d: %s", key[0], key[1], decision.pool,
+                decision.current, decision.desired, decision.reason,
+            )  # fmt: skip
+        return evaluation
 
-async def reconcile_model(
-    client: KubeClient,
-    recorder: EventRecorder,
-    namespace: str,
-    name: str,
-    replicas: Callable[[DisaggregatedModel], Awaitable[dict[str, int]]] | None = None,
-) -> Outcome:
-    """Bring one model's children and status in line with its spec."""
-    body = await client.get("DisaggregatedModel", namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
-    generation = int(body["metadata"].get("generation", 0))
-    previous = _previous_status(body)
-    try:
-        model = parse_model(body)
-    except ManifestError as error:
-        status = invalid_status(error.problems, generation, previous, _now())
-        if not _already_degraded(previous, "InvalidSpec", generation):
-            await recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
-        written = await _write_status(client, body, status)
-        return Outcome(status_written=written, invalid=True)
+    def _record(
+        self, model: DisaggregatedModel, evaluation: Evaluation | None
+    ) -> ScalingRecord | None:
+        """This pass's evaluation for status, or one a failed status write has not recorded
+        yet (kept until a write succeeds, so no resize goes missing from status)."""
+        state = self.scalers.get((model.metadata.namespace, model.metadata.name))
+        if state is None:
+            return None
+        if evaluation is not None:
+            state.pending = scaling_record(evaluation)
+        return state.pending
 
-    overrides = await replicas(model) if replicas is not None else {}
-    ctx = RenderContext(model, replicas=overrides)
-    desired = render_all(ctx)
-    live = await _list_children(client, namespace, name)
-    uid = body["metadata"]["uid"]
-    try:
-        applied = await _apply_children(client, model, desired, live, recorder, body)
-    except KubeError as error:
+    @staticmethod
+    def _replicas(live: Live, evaluation: Evaluation | None) -> dict[str, int]:
+        """Pool sizes to render: the evaluation's decision, else what the pool runs now."""
+        replicas: dict[str, int] = {}
+        for (kind, _), obj in live.items():
+            role = obj["metadata"].get("labels", {}).get("disagg.dev/role")
+            if kind == "Deployment" and role in POOLS and "replicas" in obj.get("spec", {}):
+                replicas[role] = int(obj["spec"]["replicas"])
+        return {**replicas, **(evaluation.replicas() if evaluation else {})}
+
+    def _next(self, model: DisaggregatedModel, now: float) -> float | None:
+        """Seconds until the next evaluation, set once the pass got this far: a pass that
+        failed before applying a decision evaluates again on its retry."""
+        state = self.scalers.get((model.metadata.namespace, model.metadata.name))
+        if state is None:
+            return None
+        interval = parse_duration(model.spec.autoscaling.interval)
+        if state.next_evaluation <= now:
+            state.next_evaluation = now + interval
+        return state.next_evaluation - now
+
+    async def _refused(
+        self,
+        body: Obj,
+        previous: DisaggregatedModelStatus | None,
+        generation: int,
+        now: float,
+        error: KubeError,
+    ) -> Outcome:
         if error.status == 403 and "being terminated" in error.message:
             return Outcome(gone=True)  # the namespace is going away, and the model with it
         if error.status not in REJECTED:
-            await recorder.warning(body, "ApplyFailed", str(error))
-            raise  # transient: the queue retries with backoff
+            await self.recorder.warning(body, "ApplyFailed", str(error))
+            raise error  # transient: the queue retries with backoff
         # Refused (invalid, forbidden by admission or a policy, an API not installed): the
         # same apply gets the same answer, so say why once; resyncs try again, and the model
         # recovers by itself when the cause goes away.
         message = f"the API server refused {error.message}"
-        rejected = invalid_status([message], generation, previous, _now(), "ApplyRejected")
+        status = invalid_status([message], generation, previous, rfc3339(now), "ApplyRejected")
         if not _already_degraded(previous, "ApplyRejected", generation, message):
-            await recorder.warning(body, "ApplyRejected", message)
-        return Outcome(status_written=await _write_status(client, body, rejected), invalid=True)
-    pruned = await _prune(client, uid, desired, live, recorder, body)
+            await self.recorder.warning(body, "ApplyRejected", message)
+        return await self._write_status(body, status, Outcome(invalid=True))
 
-    pods = await client.list_objects("Pod", namespace, model_selector(name))
-    deployments = {
-        role: live.get(("Deployment", child_name(name, role)))
-        for role in ("prefill", "decode", "router")
-    }
-    observed = Observed(
-        generation=generation,
-        deployments=deployments,
-        pods=pods,
-        router_enabled=model.spec.router.enabled,
-        router_endpoint=router_endpoint(ctx),
-        autoscaling_enabled=model.spec.autoscaling.enabled,
-        autoscaling_mode=model.spec.autoscaling.mode,
-    )
-    status = compute_status(observed, previous, _now())
-    degraded = next(c for c in status.conditions if c.type == "Degraded")
-    if degraded.status == "True" and not _already_degraded(previous, degraded.reason, generation):
-        await recorder.warning(body, degraded.reason, degraded.message)
-    written = await _write_status(client, body, status)
-    autoscaling = model.spec.autoscaling
-    return Outcome(
-        applied=applied, pruned=pruned, status_written=written,
-        autoscaled=autoscaling.enabled and autoscaling.mode == "builtin",
-    )  # fmt: skip
+    async def _post(self, body: Obj, event: Obj) -> None:
+        post = self.recorder.warning if event["type"] == "Warning" else self.recorder.normal
+        await post(body, event["reason"], event["message"])
+
+    async def _write_status(
+        self, body: Obj, status: DisaggregatedModelStatus, outcome: Outcome
+    ) -> Outcome:
+        """The one write of a model's status, only if it changed, and only over the version
+        this pass read (a 409 means the model moved on: the pass runs again)."""
+        meta = body["metadata"]
+        patch = status_patch(body.get("status") or {}, status.to_wire())
+        if not worth_writing(patch):
+            return outcome
+        try:
+            await self.client.patch_status(
+                "DisaggregatedModel", meta["namespace"], meta["name"], patch,  # type: ignore[arg-type]
+                resource_version=meta.get("resourceVersion"),
+            )  # fmt: skip
+        except KubeError as error:
+            if error.status != 409:
+                raise
+            return replace(outcome, conflict=True)
+        return replace(outcome, status_written=True)

@@ -2,7 +2,9 @@
 
 Events for a model that is being reconciled mark it dirty, and it runs once more when the
 current pass ends, so bursts of child events (a rollout touches many pods) coalesce into
-few passes. Failures retry with capped exponential backoff, never in a hot loop.
+few passes. Failures retry with capped exponential backoff, never in a hot loop. A pass can
+ask to run again after a delay (the autoscaler's interval): one timer per key, the earliest
+wins.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class WorkQueue:
         self._dirty: set[Key] = set()
         self._running: dict[Key, asyncio.Task[None]] = {}
         self._failures: dict[Key, int] = {}
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -41,6 +44,29 @@ class WorkQueue:
         self._idle.clear()
         if key not in self._running:
             self._running[key] = asyncio.create_task(self._drain(key), name=f"reconcile {key}")
+
+    def add_after(self, key: Key, delay: float) -> None:
+        """Mark a key for reconciliation in ``delay`` seconds (sooner if already due sooner)."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        at = loop.time() + max(0.0, delay)
+        timer = self._timers.get(key)
+        if timer is not None:
+            if timer.when() <= at:
+                return
+            timer.cancel()
+        self._timers[key] = loop.call_at(at, self._fire, key)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def forget_timers(self) -> None:
+        """Drop every delayed add (leadership lost: the next leader schedules its own)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
 
     async def _drain(self, key: Key) -> None:
         try:
@@ -81,6 +107,7 @@ class WorkQueue:
 
     async def close(self) -> None:
         self._closed = True
+        self.forget_timers()
         tasks = list(self._running.values())
         for task in tasks:
             task.cancel()

@@ -15,9 +15,9 @@ Manifest = dict[str, Any]
 class RenderContext:
     """The model plus what the operator knows that the spec does not say.
 
-    ``replicas`` overrides a pool's size (the autoscaler's decision); without it the
-    Deployment gets ``spec.<pool>.replicas``, clamped to the autoscaling bounds when
-    autoscaling is on.
+    ``replicas`` is the builtin autoscaler's decision for a pool (or, between evaluations,
+    the pool's live size); without it the Deployment gets ``spec.<pool>.replicas``, within
+    the autoscaling bounds when autoscaling is on (see ``pool_replicas``).
     """
 
     model: DisaggregatedModel

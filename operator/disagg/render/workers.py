@@ -24,21 +24,19 @@ def engine_image(spec: DisaggregatedModelSpec) -> str:
     return DEFAULT_VLLM_IMAGE if spec.engine.backend == "vllm" else DEFAULT_SGLANG_IMAGE
 
 
-def pool_replicas(ctx: RenderContext, role: Role) -> int:
-    """Replicas the pool should have: spec replicas, or with autoscaling the autoscaler's
-    current decision (``ctx.replicas``) clamped to the pool's bounds."""
+def pool_replicas(ctx: RenderContext, role: Role) -> int | None:
+    """Replicas the operator applies to a pool: the spec's; with the builtin autoscaler its
+    decision (``ctx.replicas``, else the spec's) within the pool's bounds; None when an
+    external scaler owns them. The only place a pool's size is decided for the cluster."""
     spec = ctx.model.spec
     pool = spec.pool(role)
     if not spec.autoscaling.enabled:
         return pool.replicas
+    if spec.autoscaling.mode == "external":
+        return None
     bounds = pool.autoscaling
     wanted = ctx.replicas.get(role, pool.replicas)
     return max(bounds.min_replicas, min(bounds.max_replicas, wanted))
-
-
-def autoscaled(spec: DisaggregatedModelSpec) -> bool:
-    """Whether someone other than the spec (our autoscaler, KEDA, an HPA) owns pool replicas."""
-    return spec.autoscaling.enabled
 
 
 def _resources(spec: DisaggregatedModelSpec, role: Role) -> Manifest:
@@ -128,6 +126,7 @@ def _pod_annotations(spec: DisaggregatedModelSpec, launch: EngineLaunch) -> dict
 def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     """The Deployment of one pool."""
     spec = ctx.model.spec
+    replicas = pool_replicas(ctx, role)
     pool = spec.pool(role)
     launch = engine_launch(spec, role)
     volumes, mounts = _volumes(spec)
@@ -163,7 +162,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         "kind": "Deployment",
         "metadata": object_meta(ctx, child_name(ctx.name, role), role),
         "spec": {
-            **({} if autoscaled(spec) else {"replicas": pool_replicas(ctx, role)}),
+            **({} if replicas is None else {"replicas": replicas}),
             "selector": {"matchLabels": selector_labels(ctx.name, role)},
             # Surge one pod at a time and never drop below the desired ready count.
             "strategy": {

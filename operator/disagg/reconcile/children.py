@@ -1,0 +1,149 @@
+"""A model's children in the cluster: list them, apply what differs, prune what is unwanted.
+
+Every child is server-side applied under the operator's field manager, pool replicas
+included (they are rendered from the spec or the autoscaler's decision). The one exception
+is the moment an external scaler (KEDA, an HPA) takes a pool over: the operator stops
+applying ``spec.replicas``, and a field nobody else owns would be removed and fall back to
+one replica. So the current count is first handed to a field manager of its own, as the
+Kubernetes documentation's "transferring ownership" procedure does for an HPA, and the
+scaler's writes take it from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from disagg.drift import needs_apply, owns_field, stamp
+from disagg.kube.client import KubeClient, KubeError
+from disagg.kube.events import EventRecorder
+from disagg.naming import MANAGER, model_selector
+
+Obj = dict[str, Any]
+Live = dict[tuple[str, str], Obj]
+CHILD_KINDS: Final = (
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "PodDisruptionBudget",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "ScaledObject",
+)
+OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
+"""Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
+HANDOVER_MANAGER: Final = "disagg-handover"
+
+
+def named(obj: Obj) -> str:
+    return f"{obj['kind']} {obj['metadata']['name']}"
+
+
+def owned_by(obj: Obj, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
+
+
+async def list_children(client: KubeClient, namespace: str, name: str) -> Live:
+    live: Live = {}
+    for kind in CHILD_KINDS:
+        try:
+            objects = await client.list_objects(kind, namespace, model_selector(name))
+        except KubeError as error:
+            if error.status == 404 and kind in OPTIONAL_KINDS:
+                continue
+            raise
+        for obj in objects:
+            live[(kind, obj["metadata"]["name"])] = obj
+    return live
+
+
+def only_replicas_differ(obj: Obj, live: Obj | None) -> bool:
+    """Whether applying ``obj`` over ``live`` changes nothing but ``spec.replicas`` (a
+    resize, which the autoscaler's own Event reports) (pure)."""
+    if live is None or "replicas" not in obj.get("spec", {}):
+        return False
+    at_live_size = {**obj, "spec": {**obj["spec"], "replicas": live["spec"].get("replicas")}}
+    return not needs_apply(stamp(at_live_size), live)
+
+
+async def apply_children(
+    client: KubeClient, desired: list[Obj], live: Live, recorder: EventRecorder, body: Obj
+) -> int:
+    """Apply each desired child that differs from what is live; one Event names them all."""
+    done: dict[str, list[str]] = {"created": [], "updated": []}
+    try:
+        for obj in desired:
+            verb = await _apply_child(client, obj, live)
+            if verb is not None:
+                done[verb].append(named(obj))
+    finally:
+        # One Event per pass, not one per child (a new model is one change to the user), and
+        # it names what was applied even when a later child was refused.
+        parts = [f"{verb} {', '.join(names)}" for verb, names in done.items() if names]
+        if parts:
+            reason = "Created" if done["created"] else "Updated"
+            await recorder.normal(body, reason, "; ".join(parts))
+    return len(done["created"]) + len(done["updated"])
+
+
+async def _apply_child(client: KubeClient, obj: Obj, live: Live) -> str | None:
+    """Apply one child if it differs from what is live: "created", "updated", "resized"
+    (only its replicas changed) or None."""
+    stamped = stamp(obj)
+    key = (obj["kind"], obj["metadata"]["name"])
+    current = live.get(key)
+    if not needs_apply(stamped, current):
+        return None
+    if current is not None and _letting_go_of_replicas(obj, current):
+        await client.apply(_replicas_only(current), manager=HANDOVER_MANAGER)
+    resize = only_replicas_differ(obj, current)
+    try:
+        applied = await client.apply(stamped)
+    except KubeError as error:
+        hint = " (is the API that serves it installed?)" if error.status == 404 else ""
+        raise KubeError(
+            error.status, error.reason, f"{named(obj)}: {error.message}{hint}"
+        ) from None
+    # What the API server answered is the live object now: no need to list it again.
+    live[key] = {**applied, "kind": obj["kind"]}
+    if resize:
+        return None
+    return "created" if current is None else "updated"
+
+
+def _letting_go_of_replicas(obj: Obj, live: Obj) -> bool:
+    return (
+        obj["kind"] == "Deployment"
+        and "replicas" not in obj["spec"]
+        and owns_field(live, MANAGER, ("spec", "replicas"))
+    )
+
+
+def _replicas_only(live: Obj) -> Obj:
+    meta = live["metadata"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": int(live["spec"].get("replicas", 1))},
+    }
+
+
+async def prune(
+    client: KubeClient, uid: str, desired: list[Obj], live: Live, recorder: EventRecorder, body: Obj
+) -> int:
+    """Delete the model's children the spec no longer wants; one Event names them."""
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+    deleted: list[str] = []
+    for (kind, name), obj in sorted(live.items()):
+        if (kind, name) in wanted or not owned_by(obj, uid):
+            continue
+        if await client.delete(
+            kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
+        ):
+            deleted.append(f"{kind} {name}")
+            live.pop((kind, name))
+    if deleted:
+        message = f"deleted {', '.join(deleted)}: no longer wanted by the spec"
+        await recorder.normal(body, "Deleted", message)
+    return len(deleted)

@@ -1,0 +1,294 @@
+"""An in-memory stand-in for the Kubernetes API server, with the surface of ``KubeClient``.
+
+It keeps what the orchestration depends on, so the fast suite can test it in milliseconds:
+
+* server-side apply by field manager: each manager owns the leaf fields it applied (lists
+  are atomic); a field a manager stops applying is removed unless another manager owns it
+  (then ``spec.replicas`` falls back to 1, as a Deployment's default does); a merge patch is
+  an Update and takes the fields it sets; ``managedFields`` reads as the real one does;
+* ``resourceVersion`` on every write, ``generation`` on spec changes, 409 on a stale
+  precondition, 404s, label selectors (``k=v`` and ``k``);
+* every write recorded as (kind, verb, manager), failures injectable per (kind, verb);
+* a watch stream fed by the test, for the router's pod watch.
+
+It does not validate objects (the e2e suite runs the real API server for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from disagg.kube.client import KubeError
+from disagg.naming import MANAGER
+
+Obj = dict[str, Any]
+Path = tuple[str, ...]
+ObjectKey = tuple[str, str, str]
+
+
+def _leaves(value: Any, prefix: Path = ()) -> set[Path]:
+    if isinstance(value, dict):  # an empty map owns nothing
+        return set().union(set(), *(_leaves(v, (*prefix, k)) for k, v in value.items()))
+    return {prefix}
+
+
+def _get(obj: Obj, path: Path) -> Any:
+    for part in path:
+        if not isinstance(obj, dict) or part not in obj:
+            return None
+        obj = obj[part]
+    return obj
+
+
+def _set(obj: Obj, path: Path, value: Any) -> None:
+    for part in path[:-1]:
+        obj = obj.setdefault(part, {})
+    obj[path[-1]] = copy.deepcopy(value)
+
+
+def _remove(obj: Obj, path: Path) -> None:
+    parents = [obj]
+    for part in path[:-1]:
+        obj = obj.get(part, {})
+        parents.append(obj)
+    obj.pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):  # drop maps left empty
+        if parents[depth] == {}:
+            parents[depth - 1].pop(path[depth - 1], None)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _fields_v1(paths: set[Path]) -> Obj:
+    tree: Obj = {}
+    for path in paths:
+        node = tree
+        for part in path:
+            node = node.setdefault(f"f:{part}", {})
+    return tree
+
+
+def matches(labels: dict[str, str], selector: str | None) -> bool:
+    for term in filter(None, (selector or "").split(",")):
+        key, _, value = term.partition("=")
+        if key not in labels or ("=" in term and labels[key] != value):
+            return False
+    return True
+
+
+class FakeKube:
+    """The objects, their field owners and every write made."""
+
+    def __init__(self) -> None:
+        self.objects: dict[ObjectKey, Obj] = {}
+        self.owners: dict[ObjectKey, dict[str, set[Path]]] = {}
+        self.writes: list[tuple[str, str, str]] = []
+        self.failures: dict[tuple[str, str], KubeError] = {}
+        self.watchers: list[asyncio.Queue[tuple[str, Obj] | None]] = []
+        self._versions = itertools.count(1)
+
+    # test helpers ------------------------------------------------------------------
+
+    def fail_next(self, kind: str, verb: str, status: int, message: str = "injected") -> None:
+        self.failures[kind, verb] = KubeError(status, "Injected", message)
+
+    def put(self, obj: Obj) -> Obj:
+        """Store an object as if a controller created it (no write recorded)."""
+        meta = obj["metadata"]
+        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
+        stored = copy.deepcopy(obj)
+        stored["metadata"].setdefault("uid", f"uid-{meta['name']}")
+        stored["metadata"].setdefault("generation", 1)
+        stored["metadata"]["resourceVersion"] = str(next(self._versions))
+        existed = key in self.objects
+        self.objects[key] = stored
+        self.owners.setdefault(key, {})
+        self._notify("MODIFIED" if existed else "ADDED", stored)
+        return copy.deepcopy(stored)
+
+    def stored(self, kind: str, namespace: str, name: str) -> Obj | None:
+        return self.objects.get((kind, namespace, name))
+
+    def set_status(self, kind: str, namespace: str, name: str, status: Obj) -> None:
+        """What a controller (the Deployment controller, a kubelet) reports."""
+        obj = self.objects[kind, namespace, name]
+        obj["status"] = copy.deepcopy(status)
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def writes_of(self, kind: str | None = None) -> list[tuple[str, str, str]]:
+        return [w for w in self.writes if kind is None or w[0] == kind]
+
+    def events(self) -> list[Obj]:
+        return [o for (kind, _, _), o in self.objects.items() if kind == "Event"]
+
+    # the KubeClient surface --------------------------------------------------------
+
+    def _write(self, kind: str, verb: str, manager: str = MANAGER) -> None:
+        failure = self.failures.pop((kind, verb), None)
+        if failure is not None:
+            raise failure
+        self.writes.append((kind, verb, manager))
+
+    def _notify(self, kind: str, obj: Obj) -> None:
+        if obj.get("kind") == "Pod":
+            for queue in self.watchers:
+                queue.put_nowait((kind, copy.deepcopy(obj)))
+
+    async def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
+        obj = self.objects.get((kind, namespace or "", name))
+        return self._view((kind, namespace or "", name)) if obj is not None else None
+
+    def _view(self, key: ObjectKey) -> Obj:
+        obj = copy.deepcopy(self.objects[key])
+        managers = self.owners.get(key, {})
+        obj["metadata"]["managedFields"] = [
+            {"manager": m, "operation": "Apply", "fieldsV1": _fields_v1(paths)}
+            for m, paths in sorted(managers.items())
+            if paths
+        ]
+        return obj
+
+    async def list_objects(
+        self, kind: str, namespace: str | None, selector: str | None = None
+    ) -> list[Obj]:
+        return [
+            self._view(key)
+            for key, obj in sorted(self.objects.items())
+            if key[0] == kind
+            and (namespace is None or key[1] == namespace)
+            and matches(obj["metadata"].get("labels", {}), selector)
+        ]
+
+    async def list_with_version(
+        self, kind: str, namespace: str | None, selector: str | None = None
+    ) -> tuple[list[Obj], str]:
+        return await self.list_objects(kind, namespace, selector), str(next(self._versions))
+
+    async def watch(
+        self, kind: str, namespace: str | None, selector: str | None, resource_version: str,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[tuple[str, Obj]]:  # fmt: skip
+        queue: asyncio.Queue[tuple[str, Obj] | None] = asyncio.Queue()
+        self.watchers.append(queue)
+        try:
+            while (event := await queue.get()) is not None:
+                if matches(event[1]["metadata"].get("labels", {}), selector):
+                    yield event
+        finally:
+            self.watchers.remove(queue)
+
+    def end_watches(self) -> None:
+        """The API server closes every watch (as it does at its timeout)."""
+        for queue in self.watchers:
+            queue.put_nowait(None)
+
+    async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
+        kind, meta = obj["kind"], obj["metadata"]
+        key = (kind, meta.get("namespace", ""), meta["name"])
+        self._write(kind, "apply", manager)
+        applied = {k: v for k, v in copy.deepcopy(obj).items() if k not in ("apiVersion", "kind")}
+        applied["metadata"] = {
+            k: v for k, v in applied["metadata"].items() if k not in ("name", "namespace")
+        }
+        paths = _leaves(applied)
+        managers = self.owners.setdefault(key, {})
+        current = self.objects.get(key)
+        if current is None:
+            current = {"apiVersion": obj["apiVersion"], "kind": kind, "metadata": {
+                "name": meta["name"], "namespace": meta.get("namespace", ""),
+                "uid": f"uid-{kind}-{meta['name']}", "generation": 1,
+            }}  # fmt: skip
+        updated = copy.deepcopy(current)
+        for path in managers.get(manager, set()) - paths:
+            if not any(path in p for m, p in managers.items() if m != manager):
+                _remove(updated, path)
+        for path in paths:
+            _set(updated, path, _get(applied, path))
+            for other, owned in managers.items():
+                if other != manager:
+                    owned.discard(path)  # force: the applier takes conflicting fields
+        managers[manager] = paths
+        if kind == "Deployment":
+            updated.setdefault("spec", {}).setdefault("replicas", 1)
+        return self._store(key, current if key in self.objects else None, updated)
+
+    def _store(self, key: ObjectKey, before: Obj | None, after: Obj) -> Obj:
+        if before is not None and before.get("spec") != after.get("spec"):
+            after["metadata"]["generation"] = int(before["metadata"]["generation"]) + 1
+        after["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.objects[key] = after
+        self._notify("ADDED" if before is None else "MODIFIED", after)
+        return self._view(key)
+
+    async def patch(self, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
+        key = (kind, namespace or "", name)
+        self._write(kind, "patch")
+        if key not in self.objects:
+            raise KubeError(404, "NotFound", f'{kind} "{name}" not found')
+        before = self.objects[key]
+        for path in _leaves(patch):
+            for owned in self.owners.setdefault(key, {}).values():
+                owned.discard(path)
+        return self._store(key, before, merge_patch(copy.deepcopy(before), patch))
+
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Obj, resource_version: str | None = None
+    ) -> Obj:
+        key = (kind, namespace, name)
+        self._write(kind, "patch-status")
+        if key not in self.objects:
+            raise KubeError(404, "NotFound", f'{kind} "{name}" not found')
+        obj = self.objects[key]
+        if resource_version and resource_version != obj["metadata"]["resourceVersion"]:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        obj["status"] = merge_patch(obj.get("status") or {}, status)
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        return self._view(key)
+
+    async def create(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
+        self._write(obj["kind"], "create")
+        if key in self.objects:
+            raise KubeError(409, "AlreadyExists", f'"{meta["name"]}" already exists')
+        self.owners[key] = {}
+        return self._store(key, None, copy.deepcopy(obj) | {"metadata": {**meta, "generation": 1}})
+
+    async def replace(self, obj: Obj) -> Obj:
+        meta = obj["metadata"]
+        key = (obj["kind"], meta.get("namespace", ""), meta["name"])
+        self._write(obj["kind"], "update")
+        current = self.objects.get(key)
+        if current is None:
+            raise KubeError(404, "NotFound", f'"{meta["name"]}" not found')
+        if meta.get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        return self._store(key, current, copy.deepcopy(obj))
+
+    async def delete(
+        self, kind: str, namespace: str | None, name: str, uid: str | None = None
+    ) -> bool:
+        key = (kind, namespace or "", name)
+        self._write(kind, "delete")
+        obj = self.objects.get(key)
+        if obj is None or (uid and obj["metadata"].get("uid") != uid):
+            return False
+        del self.objects[key]
+        self.owners.pop(key, None)
+        self._notify("DELETED", obj)
+        return True
