@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 import time
 import uuid
@@ -95,6 +96,12 @@ def rss_mib(operator: Operator) -> float:
     return float("nan")
 
 
+def cpu_seconds(operator: Operator) -> float:
+    """User + system CPU the operator process has used (from /proc)."""
+    fields = Path(f"/proc/{operator.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def total(samples: dict[str, float]) -> float:
     return sum(samples.values())
 
@@ -134,7 +141,9 @@ def main() -> int:
                     interval=2.0,
                 )
 
+            cpu_before = cpu_seconds(operator)
             took = timed(give_and_wait)
+            cpu = cpu_seconds(operator) - cpu_before
             rss = rss_mib(operator)
             convergence_writes = operator.writes(exclude=("Lease",))
             convergence_passes = operator.reconciles()
@@ -180,6 +189,7 @@ def main() -> int:
     print(
         f"  {'reconcile passes per model, to converge':40} {convergence_passes / args.models:8.2f}"
     )
+    print(f"  {'operator CPU, to converge':40} {cpu:8.1f} s")
     print(f"  {'operator RSS':40} {rss:8.0f} MiB")
     print(f"  {'writes in one idle resync of all':40} {idle:8.0f}")
     return 0

@@ -7,10 +7,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from conftest import load_example
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.queries import Signal
+from disagg.kube.client import KubeError
 from disagg.kube.events import EventRecorder
 from disagg.naming import MANAGER
 from disagg.reconcile.children import HANDOVER_MANAGER
@@ -358,3 +361,37 @@ async def test_an_unreachable_ttft_is_reported_once_and_adds_no_replicas() -> No
     assert len(world.events("SLOUnreachable")) == 1
     # More replicas cannot help those prompts: the prefill pool is not scaled for them.
     assert world.deployment("prefill")["spec"]["replicas"] == 2
+
+
+async def test_a_first_pass_cut_short_before_its_status_converges_on_the_next() -> None:
+    world = World(load_example("minimal"))
+    world.kube.fail_next("DisaggregatedModel", "patch-status", 503)
+    with pytest.raises(KubeError, match="503"):  # the queue retries it with backoff
+        await world.reconcile()
+    assert world.kube.stored("Deployment", NS, f"{NAME}-prefill") is not None
+    assert not world.model().get("status")
+    await world.reconcile()  # children already there: applying them again changes nothing
+    assert world.model()["status"]["observedGeneration"] == 1
+    writes = len(world.kube.writes)
+    await world.reconcile()
+    assert world.kube.writes[writes:] == []
+
+
+async def test_a_pass_knows_its_own_writes_when_the_watch_brings_them_back() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    model_key = (NS, NAME)
+    echo = world.reconciler.is_echo
+    model_version = world.model()["metadata"]["resourceVersion"]
+    assert echo(model_key, "DisaggregatedModel", NAME, model_version)
+    decode = world.deployment("decode")
+    assert echo(model_key, "Deployment", f"{NAME}-decode", decode["metadata"]["resourceVersion"])
+    world.pools_ready()  # the Deployment controller writes status: news, not an echo
+    decode = world.deployment("decode")
+    assert not echo(
+        model_key, "Deployment", f"{NAME}-decode", decode["metadata"]["resourceVersion"]
+    )
+    world.edit({"decode": {"replicas": 2}})
+    assert not echo(
+        model_key, "DisaggregatedModel", NAME, world.model()["metadata"]["resourceVersion"]
+    )
