@@ -375,23 +375,3 @@ async def test_a_first_pass_cut_short_before_its_status_converges_on_the_next() 
     writes = len(world.kube.writes)
     await world.reconcile()
     assert world.kube.writes[writes:] == []
-
-
-async def test_a_pass_knows_its_own_writes_when_the_watch_brings_them_back() -> None:
-    world = World(load_example("minimal"))
-    await world.reconcile()
-    model_key = (NS, NAME)
-    echo = world.reconciler.is_echo
-    model_version = world.model()["metadata"]["resourceVersion"]
-    assert echo(model_key, "DisaggregatedModel", NAME, model_version)
-    decode = world.deployment("decode")
-    assert echo(model_key, "Deployment", f"{NAME}-decode", decode["metadata"]["resourceVersion"])
-    world.pools_ready()  # the Deployment controller writes status: news, not an echo
-    decode = world.deployment("decode")
-    assert not echo(
-        model_key, "Deployment", f"{NAME}-decode", decode["metadata"]["resourceVersion"]
-    )
-    world.edit({"decode": {"replicas": 2}})
-    assert not echo(
-        model_key, "DisaggregatedModel", NAME, world.model()["metadata"]["resourceVersion"]
-    )

@@ -192,35 +192,18 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         await runtime.client.close()
 
     @kopf.on.event("disagg.dev", "v1alpha1", "disaggregatedmodels", registry=registry)
-    # A pass's own writes come back as watch events; one showing an object exactly as the
-    # last pass left it (same resourceVersion) is not news and starts no pass.
-    async def model_event(
-        name: str, namespace: str | None, meta: Mapping[str, Any], memo: Any, **_: Any
-    ) -> None:
+    async def model_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
         runtime: Runtime | None = memo.get("runtime")
-        if runtime is None or not namespace:
-            return
-        key = (namespace, name)
-        version = meta.get("resourceVersion")
-        if not runtime.reconciler.is_echo(key, "DisaggregatedModel", name, version):
-            runtime.enqueue(key)
+        if runtime is not None and namespace:
+            runtime.enqueue((namespace, name))
 
     async def child_event(
-        labels: Mapping[str, str],
-        namespace: str | None,
-        name: str,
-        body: Mapping[str, Any],
-        memo: Any,
-        **_: Any,
+        labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
     ) -> None:
         runtime: Runtime | None = memo.get("runtime")
         model = labels.get(MODEL_LABEL)
-        if runtime is None or not model or not namespace:
-            return
-        key = (namespace, model)
-        version = body.get("metadata", {}).get("resourceVersion")
-        if not runtime.reconciler.is_echo(key, str(body.get("kind", "")), name, version):
-            runtime.enqueue(key)
+        if runtime is not None and model and namespace:
+            runtime.enqueue((namespace, model))
 
     for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(

@@ -115,21 +115,12 @@ class Reconciler:
     prometheus: SourceFactory = PrometheusSource
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
     """Each autoscaled model's policy memory (the leader's; dropped when leadership is)."""
-    seen: dict[Key, dict[tuple[str, str], str]] = field(default_factory=dict)
-    """Per model, the resourceVersion of the model and each child as its last pass left
-    them: a watch event carrying one of these is the echo of that pass, not news."""
-
-    def is_echo(self, model: Key, kind: str, name: str, resource_version: str | None) -> bool:
-        """Whether a watch event shows an object exactly as the model's last pass left it."""
-        versions = self.seen.get(model, {})
-        return resource_version is not None and versions.get((kind, name)) == resource_version
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """Bring one model's children and status in line with its spec."""
         body = await self.client.get("DisaggregatedModel", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.scalers.pop((namespace, name), None)
-            self.seen.pop((namespace, name), None)
             return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
         now = self.clock()
         generation = int(body["metadata"].get("generation", 0))
@@ -184,7 +175,7 @@ class Reconciler:
             for event in evaluation_events(evaluation, before):
                 await self._post(body, event)
         outcome = Outcome(applied=applied, pruned=pruned, requeue_after=self._next(model, now))
-        outcome = await self._write_status(body, status, outcome, live)
+        outcome = await self._write_status(body, status, outcome)
         state = self.scalers.get((namespace, name))
         if state is not None and not outcome.conflict:
             state.pending = None  # the evaluation is in status now
@@ -283,17 +274,15 @@ class Reconciler:
         body: Obj,
         status: DisaggregatedModelStatus,
         outcome: Outcome,
-        live: Live | None = None,
     ) -> Outcome:
         """The one write of a model's status, only if it changed, and only over the version
         this pass read (a 409 means the model moved on: the pass runs again)."""
         meta = body["metadata"]
         patch = status_patch(body.get("status") or {}, status.to_wire())
         if not worth_writing(patch):
-            self._remember(body, live)
             return outcome
         try:
-            written = await self.client.patch_status(
+            await self.client.patch_status(
                 "DisaggregatedModel", meta["namespace"], meta["name"], patch,  # type: ignore[arg-type]
                 resource_version=meta.get("resourceVersion"),
             )  # fmt: skip
@@ -301,13 +290,4 @@ class Reconciler:
             if error.status != 409:
                 raise
             return replace(outcome, conflict=True)
-        self._remember(written, live)
         return replace(outcome, status_written=True)
-
-    def _remember(self, model: Obj, live: Live | None) -> None:
-        meta = model["metadata"]
-        versions = {
-            key: str(obj["metadata"].get("resourceVersion")) for key, obj in (live or {}).items()
-        }
-        versions["DisaggregatedModel", meta["name"]] = str(meta.get("resourceVersion"))
-        self.seen[meta["namespace"], meta["name"]] = versions
