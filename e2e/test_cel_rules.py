@@ -97,6 +97,94 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         },
     ),
 ]
+BROKEN += [
+    (
+        "nodeSelector: each key must be a label key",
+        {"prefill": {"nodeSelector": {"bad key": "x"}}},
+    ),
+    (
+        "env valueFrom: set exactly one of",
+        {"engine": {"env": [{"name": "A", "valueFrom": {}}]}},
+    ),
+    (
+        "resources: each name must be cpu, memory",
+        {"prefill": {"resources": {"requests": {"bad name!": "1"}}}},
+    ),
+    (
+        "resources: leave out nvidia.com/gpu",
+        {"decode": {"resources": {"limits": {"nvidia.com/gpu": "2"}}}},
+    ),
+    (
+        "resources: each request must be at most its limit",
+        {"prefill": {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}}},
+    ),
+    (
+        "must be a whole number, and it and hugepages need a limit equal",
+        {
+            "prefill": {
+                "resources": {
+                    "requests": {"example.com/dev": "500m"},
+                    "limits": {"example.com/dev": "500m"},
+                }
+            }
+        },
+    ),
+    (
+        "must be a whole number, and it and hugepages need a limit equal",
+        {"prefill": {"resources": {"requests": {"example.com/dev": "1"}}}},
+    ),
+]
+
+
+def _node_affinity(expression: dict[str, Any]) -> dict[str, Any]:
+    required = {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+    return {"prefill": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": required}}}}  # fmt: skip
+
+
+def _pod_affinity(term: dict[str, Any]) -> dict[str, Any]:
+    return {"decode": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term]}}}}  # fmt: skip
+
+
+BROKEN += [
+    (
+        "node affinity: the prefix of key",
+        _node_affinity({"key": "a" * 254 + "/zone", "operator": "Exists"}),
+    ),
+    (
+        "node affinity: In and NotIn need values",
+        _node_affinity({"key": "zone", "operator": "Gt", "values": ["1", "2"]}),
+    ),
+    (
+        "pod affinity: the prefix of key",
+        _pod_affinity(
+            {
+                "topologyKey": "zone",
+                "labelSelector": {
+                    "matchExpressions": [{"key": "a" * 254 + "/app", "operator": "Exists"}]
+                },
+            }
+        ),
+    ),
+    (
+        "pod affinity: In and NotIn need values, Exists",
+        _pod_affinity(
+            {
+                "topologyKey": "zone",
+                "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]},
+            }
+        ),
+    ),
+    (
+        "pod affinity: each matchLabels key must be a label key",
+        _pod_affinity({"topologyKey": "zone", "labelSelector": {"matchLabels": {"bad key": "x"}}}),
+    ),
+    (
+        "pod affinity: the prefix of topologyKey",
+        _pod_affinity({"topologyKey": "a" * 254 + "/zone"}),
+    ),
+]
 POD_FIELDS_THE_API_SERVER_REFUSES: list[tuple[str, dict[str, Any]]] = [
     (
         "prefill.tolerations[0].operator",
@@ -109,6 +197,56 @@ POD_FIELDS_THE_API_SERVER_REFUSES: list[tuple[str, dict[str, Any]]] = [
     ("prefill.tolerations[0].key", {"prefill": {"tolerations": [{"key": "bad key!"}]}}),
     ("decode.tolerations[0].value", {"decode": {"tolerations": [{"key": "g", "value": "x" * 64}]}}),
     ("decode.priorityClassName", {"decode": {"priorityClassName": "-Lead"}}),
+    ("prefill.resources.requests.cpu", {"prefill": {"resources": {"requests": {"cpu": "-1"}}}}),
+    ("decode.resources.limits.memory", {"decode": {"resources": {"limits": {"memory": -5}}}}),
+    ("network.shmSize", {"network": {"transport": "rdma", "shmSize": "1Gi "}}),
+    ("network.shmSize", {"network": {"transport": "rdma", "shmSize": "∞"}}),
+    ("prefill.nodeSelector.pool", {"prefill": {"nodeSelector": {"pool": "x" * 64}}}),
+    ("prefill.affinity.bogus", {"prefill": {"affinity": {"bogus": 1}}}),
+    (
+        "decode.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+        {
+            "decode": {
+                "affinity": {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 0, "podAffinityTerm": {"topologyKey": "zone"}}
+                        ]
+                    }
+                }
+            }
+        },
+    ),
+    (
+        "prefill.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+        {
+            "prefill": {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+                    }
+                }
+            }
+        },
+    ),
+    (
+        "engine.env[0].valueFrom.fieldRef.fieldPath",
+        {
+            "engine": {
+                "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]
+            }
+        },
+    ),
+    (
+        "engine.env[0].valueFrom.secretKeyRef.name",
+        {
+            "engine": {
+                "env": [
+                    {"name": "A", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}
+                ]
+            }
+        },
+    ),
 ]
 
 
@@ -210,6 +348,62 @@ def test_valid_tolerations_render_pods_the_api_server_accepts(
     for deployment in deployments:
         deployment["metadata"].pop("ownerReferences", None)
     kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
+
+
+def test_valid_resources_selectors_and_env_render_pods_the_api_server_accepts(
+    kube: Kube, namespace: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = {
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "1Gi", "example.com/dev": 2,
+                         "ephemeral-storage": "10Gi"},
+            "limits": {"memory": "2Gi", "example.com/dev": "2"},
+        },
+        "nodeSelector": {"nvidia.com/gpu.product": "H100-SXM", "pool": ""},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [
+                        {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["3"]},
+                        {"key": "topology.kubernetes.io/zone", "operator": "In",
+                         "values": ["a", "b"]}],
+                     "matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                                      "values": ["node-7"]}]}]},
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 10, "preference": {"matchExpressions": [
+                        {"key": "spot", "operator": "DoesNotExist"}]}}],
+            },
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"disagg.dev/role": "prefill"}},
+                        "namespaces": ["team-a"]}}],
+            },
+        },
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            {"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory",
+                                                               "divisor": "1Mi"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf.token", "key": "tok_1",
+                                                             "optional": True}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
+        ],
+    }  # fmt: skip
+    manifest = _manifest({"prefill": pool, "decode": pool})
+    manifest["metadata"]["namespace"] = namespace
+    manifest["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert disagg_main(["render", "-f", str(path)]) == 0
+    rendered = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    deployments = [o for o in rendered if o["kind"] == "Deployment"]
+    for deployment in deployments:
+        deployment["metadata"].pop("ownerReferences", None)
+    kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
+    manifest["metadata"].pop("uid")
+    kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")
 
 
 def test_api_server_rejects_a_name_that_cannot_name_services(kube: Kube, namespace: str) -> None:

@@ -396,3 +396,25 @@ def test_extra_args_are_appended_engine_then_pool() -> None:
     manifest["spec"]["prefill"] = {"extraArgs": ["--block-size", "128"]}
     argv = _engine(_render(manifest), "qwen-small-prefill")["args"]
     assert argv[-3:] == ["--enforce-eager", "--block-size", "128"]
+
+
+def test_a_pool_affinity_reaches_its_pods_as_written() -> None:
+    manifest = load_example("minimal")
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 50, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+            ]
+        },
+    }
+    manifest["spec"]["decode"] = {"affinity": affinity}
+    decode = next(o for o in _render(manifest) if o["metadata"]["name"].endswith("-decode")
+                  and o["kind"] == "Deployment")  # fmt: skip
+    assert decode["spec"]["template"]["spec"]["affinity"] == affinity

@@ -109,7 +109,104 @@ BAD_INPUTS = [
         "bad-quantity",
         "spec.network.shmSize",
         "lots",
-        "spec.network.shmSize: 'lots' is not a Kubernetes quantity",
+        "spec.network.shmSize: 'lots' is not a non-negative Kubernetes quantity",
+    ),
+    (
+        "negative-cpu",
+        "spec.prefill.resources",
+        {"requests": {"cpu": -1}},
+        "spec.prefill.resources.requests.cpu: must be a non-negative Kubernetes quantity",
+    ),
+    (
+        "request-over-limit",
+        "spec.prefill.resources",
+        {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}},
+        "spec.prefill.resources: resources: each request must be at most its limit",
+    ),
+    (
+        "fractional-device",
+        "spec.decode.resources",
+        {"requests": {"example.com/foo": "500m"}, "limits": {"example.com/foo": "500m"}},
+        "spec.decode.resources: resources: an extended resource (such as example.com/device) "
+        "must be a whole number",
+    ),
+    (
+        "device-without-limit",
+        "spec.decode.resources",
+        {"requests": {"example.com/foo": 1}},
+        "need a limit equal to the request",
+    ),
+    (
+        "unknown-resource",
+        "spec.decode.resources",
+        {"limits": {"gpu": 1}},
+        "spec.decode.resources: resources: each name must be cpu, memory, ephemeral-storage",
+    ),
+    (
+        "operator-owned-gpus",
+        "spec.prefill.resources",
+        {"limits": {"nvidia.com/gpu": 8}},
+        "resources: leave out nvidia.com/gpu",
+    ),
+    (
+        "bad-node-selector-key",
+        "spec.prefill.nodeSelector",
+        {"gpu type": "h100"},
+        "spec.prefill.nodeSelector: nodeSelector: each key must be a label key",
+    ),
+    (
+        "bad-node-selector-value",
+        "spec.prefill.nodeSelector",
+        {"gpu": "H100 SXM"},
+        "spec.prefill.nodeSelector.gpu: must be a label value",
+    ),
+    (
+        "empty-value-from",
+        "spec.engine.env",
+        [{"name": "A", "valueFrom": {}}],
+        "spec.engine.env[0].valueFrom: env valueFrom: set exactly one of",
+    ),
+    (
+        "unknown-value-from",
+        "spec.engine.env",
+        [{"name": "A", "valueFrom": {"vaultRef": {"path": "x"}}}],
+        "spec.engine.env[0].valueFrom.vaultRef: unknown field",
+    ),
+    (
+        "unknown-affinity",
+        "spec.prefill.affinity",
+        {"nodeAfinity": {}},
+        "spec.prefill.affinity.nodeAfinity: unknown field",
+    ),
+    (
+        "exists-with-values",
+        "spec.prefill.affinity",
+        {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "zone", "operator": "Exists", "values": ["a"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+        "nodeSelectorTerms[0].matchExpressions[0].values: node affinity: In and NotIn need values",
+    ),
+    (
+        "no-topology-key",
+        "spec.decode.affinity",
+        {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}},
+        "requiredDuringSchedulingIgnoredDuringExecution[0].topologyKey: required field is missing",
+    ),
+    (
+        "bad-field-path",
+        "spec.engine.env",
+        [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
+        "spec.engine.env[0].valueFrom.fieldRef.fieldPath: must be one of metadata.name",
     ),
     ("missing-model", "spec.model", None, "spec.model: expected a mapping, got null"),
     ("bad-name", "metadata.name", "9-Llama", "metadata.name: must be a DNS-1035 label"),
@@ -332,6 +429,48 @@ def test_pod_fields_are_checked_as_the_api_server_checks_a_pod(
                 "tolerationSeconds": 9,
             },
             {"key": "pool", "operator": "Equal", "value": "inference"},
+        ],
+    }
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0, output
+
+
+def test_resources_selectors_and_env_the_api_server_takes_are_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_example("minimal")
+    model["spec"]["prefill"] = {
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "1Gi", "example.com/dev": 2},
+            "limits": {"memory": "1Gi", "example.com/dev": "2", "rdma/hca": 1},
+        },
+        "nodeSelector": {"nvidia.com/gpu.product": "H100-SXM", "pool": ""},
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 5,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["3"]}
+                            ]
+                        },
+                    }
+                ]
+            },
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": "x"}},
+                    }
+                ]
+            },
+        },
+        "env": [
+            {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+            {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+            {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf.token", "key": "tok_1"}}},
         ],
     }
     code, output = _run(tmp_path, model, capsys)

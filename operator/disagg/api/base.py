@@ -31,7 +31,7 @@ _MAX_NANOSECONDS = 2**63 - 1
 """Go's time.Duration: CEL's duration() refuses anything longer (about 292 years)."""
 
 QUANTITY_PATTERN = (
-    r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[kMGTPE]i?|[mkMGTPE]|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+    r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE])?$"
 )
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -86,7 +86,7 @@ def _check_duration(value: object) -> object:
 def parse_quantity(text: str) -> float:
     """The value of a Kubernetes resource quantity (``16Gi``, ``500m``, ``2``)."""
     if not _QUANTITY.fullmatch(text):
-        raise ValueError(f"{text!r} is not a Kubernetes quantity such as '16Gi' or '500m'")
+        raise ValueError(f"{text!r} is not a {QUANTITY_MEANING}")
     for suffix, factor in _BINARY.items():
         if text.endswith(suffix):
             return float(text[: -len(suffix)]) * factor
@@ -97,9 +97,11 @@ def parse_quantity(text: str) -> float:
 
 def _check_quantity(value: object) -> object:
     if isinstance(value, str):
+        if len(value) > QUANTITY_MAX_LENGTH:
+            raise ValueError(f"must be a {QUANTITY_MEANING}, at most 64 characters")
         parse_quantity(value)
-    elif isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("must be a Kubernetes quantity such as '16Gi', '500m' or 2")
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"must be a {QUANTITY_MEANING}")
     return value
 
 
@@ -110,9 +112,24 @@ Duration = Annotated[
 ]
 """A Go-style duration string; stored as written, compared with :func:`parse_duration`."""
 
+QUANTITY_MEANING = "non-negative Kubernetes quantity such as '16Gi', '500m' or 2"
+QUANTITY_CEL = "type(self) != int || self >= 0"
+"""A negative integer (a string's sign is the pattern's job)."""
+QUANTITY_MAX_LENGTH = 64
+"""Bounds what CEL rules comparing quantities may cost the API server."""
+
 Quantity = Annotated[
     str | int,
     BeforeValidator(_check_quantity),
-    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+    Field(
+        json_schema_extra={
+            "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
+            "maxLength": QUANTITY_MAX_LENGTH,
+            "x-kubernetes-validations": [
+                {"rule": QUANTITY_CEL, "message": f"must be a {QUANTITY_MEANING}"}
+            ],
+        }
+    ),
 ]
 """A Kubernetes resource quantity, as a string or an integer."""

@@ -78,7 +78,9 @@ def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         else:
             out[key] = value
     if out.get("x-kubernetes-int-or-string"):
-        for key in ("type", "pattern", "minLength", "maxLength"):
+        # The pattern and length of a quantity apply to its string form (JSON Schema checks
+        # them on strings only); the type is what int-or-string replaces.
+        for key in ("type", "minLength"):
             out.pop(key, None)
     if out.get("type") == "object" and "properties" in out:
         out.pop("additionalProperties", None)

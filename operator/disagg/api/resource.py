@@ -12,7 +12,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from disagg.api.scheduling import DNS_LABEL, PATTERN_MEANINGS
+from disagg.api.container import CONTAINER_PATTERN_MEANINGS
+from disagg.api.scheduling import DNS_LABEL, SCHEDULING_PATTERN_MEANINGS
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.nesting import path_deeper_than
@@ -73,6 +74,10 @@ def _camel_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+PATTERN_MEANINGS = {**SCHEDULING_PATTERN_MEANINGS, **CONTAINER_PATTERN_MEANINGS}
+"""What each pattern means, for error messages (the regular expression is not a message)."""
+
+
 def format_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
     """One line per problem: ``<field path>: <what is wrong>``."""
     lines = []
@@ -82,7 +87,7 @@ def format_validation_error(error: ValidationError, prefix: str = "") -> list[st
         ctx = item.get("ctx") or {}
         if item["type"] == "rule":
             path += str(ctx.get("field_path", ""))
-            message = f"{item['msg']} (rule: {ctx.get('rule', '')})"
+            message = str(item["msg"])
         elif item["type"] == "extra_forbidden":
             message = "unknown field"
         elif item["type"] == "missing":

@@ -28,7 +28,7 @@ DNS_SUBDOMAIN: Final = rf"^{_DNS_SUBDOMAIN}$"
 DNS_LABEL: Final = rf"^{_DNS_LABEL}$"
 """A DNS-1123 label (a namespace name)."""
 MAX_PREFIX: Final = 253
-PATTERN_MEANINGS: Final = {
+SCHEDULING_PATTERN_MEANINGS: Final = {
     QUALIFIED_NAME: "must be a label key: an optional DNS-subdomain prefix and '/', then at "
     "most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
     LABEL_VALUE: "must be a label value: at most 63 letters, digits, '-', '_' or '.', "

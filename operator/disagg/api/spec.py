@@ -8,57 +8,34 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+import re
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
+from disagg.api.affinity import Affinity
 from disagg.api.autoscaling import (
     AutoscalingSpec,
     QueryOverrides,
     ScaleDownBehavior,
     ScaleUpBehavior,
 )
-from disagg.api.base import ApiModel, Quantity
+from disagg.api.base import ApiModel
+from disagg.api.container import EnvVar, EnvVarSource, ResourceRequirements
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
 from disagg.api.rules import Rule
-from disagg.api.scheduling import DNS_SUBDOMAIN, Toleration
+from disagg.api.scheduling import (
+    DNS_SUBDOMAIN,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    Toleration,
+    prefix_fits,
+)
 
 Backend = Literal["vllm", "sglang"]
 KvConnector = Literal["nixl", "mooncake", "lmcache"]
 Role = Literal["prefill", "decode"]
-
-_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-
-
-class EnvVar(ApiModel):
-    """An environment variable, as in a Kubernetes container."""
-
-    name: str = Field(pattern=_ENV_NAME, description="Variable name.")
-    value: str | None = Field(default=None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
-        default=None,
-        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...).",
-    )
-
-    rules: ClassVar = (
-        Rule(
-            cel="!(has(self.value) && has(self.valueFrom))",
-            message="env: set value or valueFrom, not both",
-            check=lambda m: not (m.value is not None and m.value_from is not None),
-        ),
-    )
-
-
-class ResourceRequirements(ApiModel):
-    """CPU and memory of each replica. GPUs and RDMA devices are added by the operator."""
-
-    requests: dict[str, Quantity] = Field(
-        default_factory=dict, description="Minimum resources, e.g. {cpu: '8', memory: 64Gi}."
-    )
-    limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Maximum resources, e.g. {memory: 128Gi}."
-    )
 
 
 class EngineSpec(ApiModel):
@@ -146,10 +123,10 @@ class PoolSpec(ApiModel):
         description="Most concurrent sequences (vLLM --max-num-seqs, SGLang "
         "--max-running-requests). Default: the engine's.",
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the pool's pods require."
+    node_selector: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]] = Field(
+        default_factory=dict, max_length=64, description="Node labels the pool's pods require."
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         default=None, description="A Kubernetes Affinity for the pool's pods."
     )
     tolerations: list[Toleration] = Field(
@@ -179,6 +156,17 @@ class PoolSpec(ApiModel):
     )
 
     rules: ClassVar = (
+        Rule(
+            cel="!has(self.nodeSelector) || self.nodeSelector.all(k, k != '' && "
+            f"k.matches(r'{QUALIFIED_NAME}') && (!k.contains('/') || k.indexOf('/') <= 253))",
+            message="nodeSelector: each key must be a label key: an optional DNS-subdomain "
+            "prefix and '/', then at most 63 letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit",
+            check=lambda m: all(
+                k and re.fullmatch(QUALIFIED_NAME, k) and prefix_fits(k) for k in m.node_selector
+            ),
+            field_path=".nodeSelector",
+        ),
         Rule(
             cel="!has(self.gpusPerReplica) || "
             "self.gpusPerReplica == self.tensorParallelSize * self.dataParallelSize",
@@ -327,6 +315,7 @@ __all__ = [
     "DisaggregatedModelSpec",
     "EngineSpec",
     "EnvVar",
+    "EnvVarSource",
     "KvConnector",
     "ModelSource",
     "ModelSpec",
@@ -334,6 +323,7 @@ __all__ = [
     "PoolSpec",
     "QueryOverrides",
     "RdmaSpec",
+    "ResourceRequirements",
     "Role",
     "RouterSpec",
     "ScaleDownBehavior",

@@ -146,7 +146,9 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     if pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
     if pool.affinity:
-        pod_spec["affinity"] = pool.affinity
+        pod_spec["affinity"] = pool.affinity.model_dump(
+            by_alias=True, exclude_none=True, exclude_defaults=True, mode="json"
+        )
     if pool.tolerations:
         pod_spec["tolerations"] = [
             t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations
