@@ -326,6 +326,28 @@ def test_pod_fields_the_api_server_would_refuse_are_refused_up_front(
     assert f"spec.{field}: " in ours, ours
 
 
+def _render_and_dry_run(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    manifest: dict[str, Any],
+) -> None:
+    """Render the model as the operator would and have the API server check its
+    Deployments (a server-side dry run: nothing is created)."""
+    rendered_model = copy.deepcopy(manifest)
+    rendered_model["metadata"]["namespace"] = namespace
+    rendered_model["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(rendered_model))
+    assert disagg_main(["render", "-f", str(path)]) == 0
+    rendered = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    deployments = [o for o in rendered if o["kind"] == "Deployment"]
+    for deployment in deployments:
+        deployment["metadata"].pop("ownerReferences", None)
+    kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
+
+
 def test_valid_tolerations_render_pods_the_api_server_accepts(
     kube: Kube, namespace: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -338,16 +360,7 @@ def test_valid_tolerations_render_pods_the_api_server_accepts(
     manifest = _manifest(
         {"prefill": {"tolerations": tolerations, "priorityClassName": "system-node-critical"}}
     )
-    manifest["metadata"]["namespace"] = namespace
-    manifest["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
-    path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    assert disagg_main(["render", "-f", str(path)]) == 0
-    rendered = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
-    deployments = [o for o in rendered if o["kind"] == "Deployment"]
-    for deployment in deployments:
-        deployment["metadata"].pop("ownerReferences", None)
-    kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
+    _render_and_dry_run(kube, namespace, tmp_path, capsys, manifest)
 
 
 def test_valid_resources_selectors_and_env_render_pods_the_api_server_accepts(
@@ -392,17 +405,7 @@ def test_valid_resources_selectors_and_env_render_pods_the_api_server_accepts(
         ],
     }  # fmt: skip
     manifest = _manifest({"prefill": pool, "decode": pool})
-    manifest["metadata"]["namespace"] = namespace
-    manifest["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
-    path = tmp_path / "m.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    assert disagg_main(["render", "-f", str(path)]) == 0
-    rendered = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
-    deployments = [o for o in rendered if o["kind"] == "Deployment"]
-    for deployment in deployments:
-        deployment["metadata"].pop("ownerReferences", None)
-    kube.apply(yaml.safe_dump_all(deployments), namespace, "--dry-run=server")
-    manifest["metadata"].pop("uid")
+    _render_and_dry_run(kube, namespace, tmp_path, capsys, manifest)
     kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")
 
 

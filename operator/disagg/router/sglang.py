@@ -4,6 +4,11 @@ The decode engine waits for the KV from the prefill engine's bootstrap server (h
 room), so the decode response is what the client gets; the prefill response is drained and
 discarded. SGLang decode engines cannot prefill by themselves, so there is no decode-only
 fallback: a failed pair is retried once with another prefill engine, then the request fails.
+
+The two calls race: a prefill engine that fails or refuses the request before decode has
+answered ends the pair at once (the decode call is cancelled, which aborts it), since
+decode would otherwise wait for KV that never comes until its read timeout. A refusal (a 4xx
+other than 408/429) is the client's mistake: it is answered as the engine said, not retried.
 """
 
 from __future__ import annotations
@@ -17,7 +22,16 @@ import aiohttp
 from aiohttp import web
 
 from disagg.router import protocol
-from disagg.router.proxy import Router, UpstreamError, _open_decode, _relay, error_response
+from disagg.router.proxy import (
+    RETRIABLE_CLIENT_ERRORS,
+    EngineRejected,
+    Router,
+    UpstreamError,
+    _note_failure,
+    _open_decode,
+    _relay,
+    error_response,
+)
 
 log = logging.getLogger("disagg.router.sglang")
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -29,9 +43,30 @@ async def _drain_prefill(
     assert router.session is not None
     timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
     async with router.session.post(url, json=body, headers=headers, timeout=timeout) as response:
-        await response.read()
-        if response.status >= 500:
+        raw = await response.read()
+        if 400 <= response.status < 500 and response.status not in RETRIABLE_CLIENT_ERRORS:
+            ctype = response.headers.get("Content-Type", "application/json")
+            raise EngineRejected(response.status, raw, ctype)
+        if response.status >= 400:
             raise UpstreamError(f"prefill HTTP {response.status}")
+
+
+def _failed(task: asyncio.Task[None]) -> bool:
+    return not task.cancelled() and task.exception() is not None
+
+
+async def _decode_unless_prefill_fails(
+    prefill: asyncio.Task[None], decode: asyncio.Task[aiohttp.ClientResponse]
+) -> aiohttp.ClientResponse:
+    """The decode response, unless the prefill call fails first (then its error, and the
+    decode call is cancelled)."""
+    await asyncio.wait({prefill, decode}, return_when=asyncio.FIRST_COMPLETED)
+    if not decode.done() and _failed(prefill):
+        decode.cancel()
+        with contextlib.suppress(BaseException):
+            await decode
+        prefill.result()  # raises the prefill's failure
+    return await decode
 
 
 async def handle_sglang(
@@ -59,13 +94,20 @@ async def handle_sglang(
             prefill_task = asyncio.create_task(
                 _drain_prefill(router, prefill.url + path, paired, headers)
             )
+            decode_task = asyncio.create_task(_open_decode(router, decode, path, paired, headers))
             try:
-                upstream = await _open_decode(router, decode, path, paired, headers)
+                upstream = await _decode_unless_prefill_fails(prefill_task, decode_task)
+            except EngineRejected as rejected:
+                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+                return rejected.response({"X-Request-Id": request_id})
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
-                prefill_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await prefill_task
-                router.metrics.upstream_failures.labels(role="decode").inc()
+                for task in (prefill_task, decode_task):
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                role = "prefill" if prefill_task.done() and _failed(prefill_task) else "decode"
+                _note_failure(prefill if role == "prefill" else decode, failure)
+                router.metrics.upstream_failures.labels(role=role).inc()
                 log.warning(
                     "SGLang pair %s -> %s failed for %s: %r",
                     prefill.url,
