@@ -73,6 +73,16 @@ def test_helm_template_with_each_ci_values_file(values: str) -> None:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
     if values == "namespaced-values.yaml":
         assert not [d for d in docs if d["kind"] == "ClusterRole"]
+    if values == "openshift-values.yaml":
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(pod["securityContext"])
+    else:
+        assert pod["securityContext"]["runAsUser"] == 65532
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    if deployment["spec"]["replicas"] > 1:
+        assert [b["spec"]["maxUnavailable"] for b in budgets] == [1]
+        assert budgets[0]["spec"]["selector"] == deployment["spec"]["selector"]
+    else:
+        assert not budgets  # a budget for one replica would block every node drain
         assert {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"} == {
             "team-a",
             "team-b",
@@ -189,6 +199,30 @@ def _apply_example(kube: Kube, namespace: str, name: str = "minimal") -> dict[st
     manifest = example(name)
     kube.apply(yaml.safe_dump(manifest), namespace)
     return manifest
+
+
+def test_namespace_editors_may_manage_models_and_viewers_may_read_them(
+    kube: Kube, release: tuple[str, Path], namespace: str
+) -> None:
+    # The chart's ClusterRoles join Kubernetes' built-in edit and view roles (through the
+    # controller manager's ClusterRole aggregation), so granting those grants models too.
+    kube.run("create", "rolebinding", "alice-edits", "--clusterrole=edit", "--user=alice",
+             "-n", namespace)  # fmt: skip
+    kube.run("create", "rolebinding", "bob-views", "--clusterrole=view", "--user=bob",
+             "-n", namespace)  # fmt: skip
+
+    def may(user: str, verb: str) -> bool:
+        result = kube.run(
+            "auth", "can-i", verb, "disaggregatedmodels.disagg.dev", f"--as={user}",
+            "-n", namespace, check=False,
+        )  # fmt: skip
+        return result.stdout.strip() == "yes"
+
+    wait_for("the edit role to include models", lambda: may("alice", "create"), timeout=60)
+    assert may("alice", "delete") and may("alice", "list")
+    wait_for("the view role to include models", lambda: may("bob", "list"), timeout=60)
+    assert not may("bob", "create") and not may("bob", "delete")
+    assert not may("carol", "list")  # no binding, no access
 
 
 def test_helm_install_runs_the_operator_under_its_own_least_privilege_account(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -276,12 +279,36 @@ def _check_no_writes_on_resync(kube: Kube, operator: Operator, namespace: str) -
     assert operator.writes() == writes_before
 
 
-def test_a_spec_the_api_server_accepts_but_the_operator_rejects_degrades(
+CRDS = Path(__file__).resolve().parents[1] / "crds"
+MEMORY_PATTERN = (
+    "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/prefill/properties/"
+    "resources/properties/requests/additionalProperties/pattern"
+)
+
+
+@contextlib.contextmanager
+def _crd_without(kube: Kube, pointer: str) -> Iterator[None]:
+    """The CRD with one check removed, as an older CRD left behind by `helm upgrade` (which
+    never upgrades CRDs) would be; the current one is back afterwards."""
+    patch = json.dumps([{"op": "remove", "path": pointer}])
+    kube.run("patch", "crd", "disaggregatedmodels.disagg.dev", "--type=json", "-p", patch)
+    try:
+        yield
+    finally:
+        kube.run("apply", "--server-side", "--force-conflicts", "-f", str(CRDS))
+
+
+def test_a_spec_a_stale_crd_accepts_but_the_operator_rejects_degrades(
     kube: Kube, operator: Operator, namespace: str
 ) -> None:
     manifest = _example("minimal")
     manifest["spec"]["prefill"] = {"resources": {"requests": {"memory": "lots"}}}
-    _apply(kube, namespace, manifest)
+    with _crd_without(kube, MEMORY_PATTERN):
+        wait_for(
+            "the API server to take the laxer schema",
+            lambda: kube.apply(yaml.safe_dump(manifest), namespace, check=False).returncode == 0,
+            timeout=30,
+        )
     degraded = _wait_condition(kube, namespace, "qwen-small", "Degraded", "True")
     assert degraded["reason"] == "InvalidSpec"
     assert "spec.prefill.resources.requests.memory" in degraded["message"]

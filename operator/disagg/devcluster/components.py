@@ -21,6 +21,7 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "disruption-controller",
     "pod-garbage-collector-controller",
+    "clusterrole-aggregation-controller",
 )
 
 
