@@ -31,9 +31,7 @@ def kube() -> Iterator[Kube]:
     assert binaries is not None
     client = Kube(binaries, layout)
     client.run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    client.run(
-        "wait", "--for=condition=Established", "crd/disaggregatedmodels.disagg.dev", "--timeout=60s"
-    )
+    client.wait_established("disaggregatedmodels.disagg.dev")
     yield client
     if started:
         down(layout, _say)

@@ -31,7 +31,7 @@ def keda(kube: Kube) -> Iterator[None]:
     if not KEDA_CRD.exists():
         pytest.fail(f"KEDA's ScaledObject CRD is missing at {KEDA_CRD}: run `make binaries`")
     kube.run("apply", "--server-side", "-f", str(KEDA_CRD))
-    kube.run("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+    kube.wait_established("scaledobjects.keda.sh")
     yield
     kube.run("delete", "-f", str(KEDA_CRD), "--wait=false", check=False)
 

@@ -144,6 +144,17 @@ class Kube:
         items: list[dict[str, Any]] = self.json(*args)["items"]
         return items
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Wait until the API server serves a CRD. (`kubectl wait --for=condition=Established`
+        fails at once, instead of waiting, while a new CRD's conditions are still null.)"""
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+
+        def established() -> bool:
+            result = self.run("get", "crd", crd, "-o", f"jsonpath={query}", check=False)
+            return result.returncode == 0 and result.stdout.strip() == "True"
+
+        wait_for(f"the API server to serve {crd}", established, timeout=timeout)
+
     def apply(
         self, manifest: str, namespace: str, *extra: str, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
@@ -159,6 +170,7 @@ def local_kube(layout: Layout, say: Callable[[str], None], crds: Path) -> Kube:
         raise RuntimeError("the control-plane binaries are missing: run `make binaries`")
     kube = Kube(binaries, layout)
     kube.run("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    kube.wait_established("disaggregatedmodels.disagg.dev")
     return kube
 
 
