@@ -409,6 +409,41 @@ def test_valid_resources_selectors_and_env_render_pods_the_api_server_accepts(
     kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")
 
 
+NULLS: list[tuple[str, dict[str, Any], bool]] = [
+    ("a defaulted pool", {"prefill": None}, True),
+    ("a defaulted count", {"decode": {"replicas": None}}, True),
+    ("defaulted autoscaling", {"autoscaling": None}, True),
+    ("an optional object", {"network": {"transport": "rdma", "rdma": None}}, False),
+    ("a list", {"engine": {"env": None}}, False),
+    ("a quantity", {"prefill": {"resources": {"requests": {"cpu": None}}}}, False),
+    ("an affinity", {"prefill": {"affinity": None}}, False),
+]
+
+
+@pytest.mark.parametrize(("case", "spec_patch", "accepted"), NULLS, ids=[c for c, _, _ in NULLS])
+def test_nulls_read_alike_by_the_api_server_and_disagg_validate(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+    case: str,
+    spec_patch: dict[str, Any],
+    accepted: bool,
+) -> None:
+    # The API server prunes a null where the field has a default, and refuses any other.
+    manifest = _manifest(spec_patch, name="nulls")
+    server = kube.apply(
+        yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server", check=False
+    )
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    ours = disagg_main(["validate", "-f", str(path)])
+    assert (server.returncode == 0, ours == 0) == (accepted, accepted), (
+        server.stderr,
+        capsys.readouterr(),
+    )
+
+
 def test_api_server_rejects_a_name_that_cannot_name_services(kube: Kube, namespace: str) -> None:
     result = kube.apply(yaml.safe_dump(_manifest({}, name="9lives")), namespace, check=False)
     assert result.returncode != 0

@@ -208,7 +208,8 @@ BAD_INPUTS = [
         [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
         "spec.engine.env[0].valueFrom.fieldRef.fieldPath: must be one of metadata.name",
     ),
-    ("missing-model", "spec.model", None, "spec.model: expected a mapping, got null"),
+    ("missing-model", "spec.model", None, "spec.model: null is not allowed; leave the field out"),
+    ("null-image", "spec.engine.image", None, "spec.engine.image: null is not allowed"),
     ("bad-name", "metadata.name", "9-Llama", "metadata.name: must be a DNS-1035 label"),
     ("wrong-kind", "kind", "Deployment", "kind: expected 'DisaggregatedModel', got 'Deployment'"),
     (
@@ -473,6 +474,17 @@ def test_resources_selectors_and_env_the_api_server_takes_are_taken(
             {"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf.token", "key": "tok_1"}}},
         ],
     }
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0, output
+
+
+def test_a_null_where_the_crd_has_a_default_reads_as_absent_like_the_api_server_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_example("minimal")
+    model["spec"]["prefill"] = None  # pruned and defaulted by the API server
+    model["spec"]["decode"] = {"replicas": None, "tensorParallelSize": 2}
+    model["spec"]["autoscaling"] = None
     code, output = _run(tmp_path, model, capsys)
     assert code == 0, output
 

@@ -7,6 +7,7 @@ and what is wrong with it.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Final
 
@@ -141,10 +142,50 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         )
     if problems:
         raise ManifestError(problems)
+    if isinstance(manifest.get("spec"), dict):
+        nulls: list[str] = []
+        spec = without_defaulted_nulls(manifest["spec"], _spec_schema(), "spec", nulls)
+        if nulls:
+            raise ManifestError(
+                [f"{path}: null is not allowed; leave the field out" for path in nulls]
+            )
+        manifest = {**manifest, "spec": spec}
     try:
         return DisaggregatedModel.model_validate(manifest)
     except ValidationError as error:
         raise ManifestError(format_validation_error(error)) from error
+
+
+@functools.cache
+def _spec_schema() -> dict[str, Any]:
+    from disagg.api.crd import model_schema  # the CRD module builds on this one
+
+    return model_schema(DisaggregatedModelSpec)
+
+
+def without_defaulted_nulls(value: Any, schema: dict[str, Any], path: str, nulls: list[str]) -> Any:
+    """``value`` read as the API server reads it: a null where the CRD gives the field a
+    default is dropped (the server prunes it, then defaults the field); any other null is
+    added to ``nulls`` (the server refuses it: no field here is nullable) (pure)."""
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        result = {}
+        for key, item in value.items():
+            sub = properties.get(key, extra if isinstance(extra, dict) else None)
+            if item is None and sub is not None:
+                if "default" not in sub:
+                    nulls.append(f"{path}.{key}")
+                continue
+            result[key] = without_defaulted_nulls(item, sub or {}, f"{path}.{key}", nulls)
+        return result
+    if isinstance(value, list):
+        items = schema.get("items") or {}
+        return [
+            without_defaulted_nulls(item, items, f"{path}[{i}]", nulls)
+            for i, item in enumerate(value)
+        ]
+    return value
 
 
 MAX_MANIFEST_DEPTH: Final = 64
