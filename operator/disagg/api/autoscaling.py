@@ -117,7 +117,10 @@ class AutoscalingSpec(ApiModel):
         default_factory=ScaleDownBehavior, description="Scale-down speed limits."
     )
     max_total_gpus: int | None = Field(
-        default=None, ge=1, description="GPU budget of both pools together. Default: none."
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="GPU budget of both pools together. Default: none.",
     )
     queries: QueryOverrides | None = Field(
         default=None, description="Replace any of the default PromQL queries."

@@ -100,15 +100,27 @@ def _check_quantity(value: object) -> object:
         if len(value) > QUANTITY_MAX_LENGTH:
             raise ValueError(f"must be a {QUANTITY_MEANING}, at most 64 characters")
         parse_quantity(value)
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"must be a {QUANTITY_MEANING}")
+    elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"must be a {QUANTITY_MEANING}")  # an integer is an int64
     return value
 
 
 Duration = Annotated[
     str,
     BeforeValidator(_check_duration),
-    Field(max_length=32, json_schema_extra={"pattern": DURATION_PATTERN}),
+    Field(
+        max_length=32,
+        json_schema_extra={
+            "pattern": DURATION_PATTERN,
+            # The pattern cannot bound the value; CEL's duration() refuses what Go cannot hold.
+            "x-kubernetes-validations": [
+                {
+                    "rule": "duration(self) >= duration('0s')",
+                    "message": "must be a duration no longer than about 292 years",
+                }
+            ],
+        },
+    ),
 ]
 """A Go-style duration string; stored as written, compared with :func:`parse_duration`."""
 

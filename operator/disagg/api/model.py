@@ -74,7 +74,10 @@ class ModelSpec(ApiModel):
         default_factory=ModelSource, description="Where the weights come from."
     )
     max_model_len: int | None = Field(
-        default=None, ge=16, description="Maximum context length in tokens. Default: the model's."
+        default=None,
+        ge=16,
+        le=2**31 - 1,
+        description="Maximum context length in tokens. Default: the model's.",
     )
     mla: bool = Field(
         default=False,

@@ -114,12 +114,14 @@ class PoolSpec(ApiModel):
     max_num_batched_tokens: int | None = Field(
         default=None,
         ge=1,
+        le=2**31 - 1,
         description="Token budget of one engine step (vLLM --max-num-batched-tokens, SGLang "
         "--chunked-prefill-size). Large on prefill, small on decode. Default: the engine's.",
     )
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,
+        le=2**31 - 1,
         description="Most concurrent sequences (vLLM --max-num-seqs, SGLang "
         "--max-running-requests). Default: the engine's.",
     )
@@ -202,6 +204,7 @@ class RouterSpec(ApiModel):
     prefill_threshold_tokens: int = Field(
         default=256,
         ge=0,
+        le=2**31 - 1,
         description="Prompts shorter than this (in tokens) skip the prefill pool and go "
         "straight to decode; 0 sends every request through prefill.",
     )
