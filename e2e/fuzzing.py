@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import random
 import time
 import uuid
@@ -26,7 +25,7 @@ import yaml
 
 from disagg.api.resource import ManifestError, parse_model
 from disagg.demo.procs import Kube
-from disagg.kube.client import KubeClient, KubeError, load_credentials, resource_path
+from disagg.kube.client import KubeClient, KubeError, load_credentials
 from disagg.render import RenderContext, render_all
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,19 +128,11 @@ async def _dry_run_all(kubeconfig: Path, objects: list[dict[str, Any]]) -> dict[
     slots = asyncio.Semaphore(8)
 
     async def one(obj: dict[str, Any]) -> None:
-        meta = obj["metadata"]
-        path = resource_path(obj["kind"], meta["namespace"], meta["name"])
         async with slots:
             try:
-                await client._call(  # a dry run is not one of the operator's verbs
-                    "PATCH", path,
-                    params={"fieldManager": "fuzz", "force": "true", "dryRun": "All",
-                            "fieldValidation": "Strict"},
-                    content=json.dumps(obj),
-                    headers={"Content-Type": "application/apply-patch+yaml"},
-                )  # fmt: skip
+                await client.apply(obj, manager="fuzz", dry_run=True)
             except KubeError as error:
-                refused[meta["name"]] = f"{error.status} {error.message}"[:300]
+                refused[obj["metadata"]["name"]] = f"{error.status} {error.message}"[:300]
 
     try:
         await asyncio.gather(*(one(obj) for obj in objects))

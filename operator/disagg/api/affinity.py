@@ -9,14 +9,19 @@ through (it can never match a real label, so such a term does nothing).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field
 
 from disagg.api.base import ApiModel
 from disagg.api.rules import Rule
-from disagg.api.scheduling import DNS_LABEL, LABEL_VALUE, QUALIFIED_NAME, prefix_fits
+from disagg.api.scheduling import (
+    DNS_LABEL,
+    LABEL_VALUE,
+    QUALIFIED_NAME,
+    label_keys_rule,
+    prefix_fits,
+)
 
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]
@@ -142,15 +147,8 @@ class LabelSelector(ApiModel):
     )
 
     rules: ClassVar = (
-        Rule(
-            cel="!has(self.matchLabels) || self.matchLabels.all(k, k.matches(r'"
-            + QUALIFIED_NAME
-            + "') && k != '' && (!k.contains('/') || k.indexOf('/') <= 253))",
-            message="pod affinity: each matchLabels key must be a label key",
-            check=lambda m: all(
-                k and prefix_fits(k) and re.fullmatch(QUALIFIED_NAME, k) for k in m.match_labels
-            ),
-            field_path=".matchLabels",
+        label_keys_rule(
+            "matchLabels", "match_labels", "pod affinity: each matchLabels key must be a label key"
         ),
     )
 

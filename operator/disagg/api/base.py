@@ -98,7 +98,9 @@ def parse_quantity(text: str) -> float:
 def _check_quantity(value: object) -> object:
     if isinstance(value, str):
         if len(value) > QUANTITY_MAX_LENGTH:
-            raise ValueError(f"must be a {QUANTITY_MEANING}, at most 64 characters")
+            raise ValueError(
+                f"must be a {QUANTITY_MEANING}, at most {QUANTITY_MAX_LENGTH} characters"
+            )
         parse_quantity(value)
     elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
         raise ValueError(f"must be a {QUANTITY_MEANING}")  # an integer is an int64

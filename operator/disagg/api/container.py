@@ -18,7 +18,7 @@ from pydantic import Field
 
 from disagg.api.base import ApiModel, Quantity, parse_quantity
 from disagg.api.rules import Rule
-from disagg.api.scheduling import DNS_SUBDOMAIN, QUALIFIED_NAME, prefix_fits
+from disagg.api.scheduling import DNS_SUBDOMAIN, QUALIFIED_NAME, label_key_ok, prefix_fits
 
 _ENV_NAME: Final = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 _CONFIG_KEY: Final = r"^[-._a-zA-Z0-9]+$"
@@ -131,7 +131,7 @@ def _extended(name: str) -> bool:
 
 def resource_name_ok(name: str) -> bool:
     """Whether a container may request a resource of this name (the API server's rule)."""
-    if not name or not re.fullmatch(QUALIFIED_NAME, name) or not prefix_fits(name):
+    if not label_key_ok(name):
         return False
     if "/" not in name:
         return name in STANDARD_RESOURCES or name.startswith("hugepages-")

@@ -10,6 +10,7 @@ same way); what spans fields is a :class:`~disagg.api.rules.Rule`.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Final, Literal
 
 from pydantic import Field
@@ -44,6 +45,22 @@ SCHEDULING_PATTERN_MEANINGS: Final = {
 def prefix_fits(key: str | None) -> bool:
     """Whether a label key's prefix (before ``/``) is at most 253 characters."""
     return key is None or "/" not in key or key.index("/") <= MAX_PREFIX
+
+
+def label_key_ok(key: str) -> bool:
+    """Whether a string is a (non-empty) label key, as IsQualifiedName judges it."""
+    return bool(key) and re.fullmatch(QUALIFIED_NAME, key) is not None and prefix_fits(key)
+
+
+def label_keys_rule(field: str, attribute: str, message: str) -> Rule:
+    """A rule that every key of the map ``field`` (``attribute`` in Python) is a label key."""
+    return Rule(
+        cel=f"!has(self.{field}) || self.{field}.all(k, k != '' && "
+        f"k.matches(r'{QUALIFIED_NAME}') && (!k.contains('/') || k.indexOf('/') <= 253))",
+        message=message,
+        check=lambda m: all(label_key_ok(k) for k in getattr(m, attribute)),
+        field_path=f".{field}",
+    )
 
 
 class Toleration(ApiModel):

@@ -8,7 +8,6 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
@@ -28,9 +27,8 @@ from disagg.api.rules import Rule
 from disagg.api.scheduling import (
     DNS_SUBDOMAIN,
     LABEL_VALUE,
-    QUALIFIED_NAME,
     Toleration,
-    prefix_fits,
+    label_keys_rule,
 )
 
 Backend = Literal["vllm", "sglang"]
@@ -158,16 +156,12 @@ class PoolSpec(ApiModel):
     )
 
     rules: ClassVar = (
-        Rule(
-            cel="!has(self.nodeSelector) || self.nodeSelector.all(k, k != '' && "
-            f"k.matches(r'{QUALIFIED_NAME}') && (!k.contains('/') || k.indexOf('/') <= 253))",
-            message="nodeSelector: each key must be a label key: an optional DNS-subdomain "
-            "prefix and '/', then at most 63 letters, digits, '-', '_' or '.', starting and "
-            "ending with a letter or digit",
-            check=lambda m: all(
-                k and re.fullmatch(QUALIFIED_NAME, k) and prefix_fits(k) for k in m.node_selector
-            ),
-            field_path=".nodeSelector",
+        label_keys_rule(
+            "nodeSelector",
+            "node_selector",
+            "nodeSelector: each key must be a label key: an optional DNS-subdomain prefix and "
+            "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a "
+            "letter or digit",
         ),
         Rule(
             cel="!has(self.gpusPerReplica) || "

@@ -233,15 +233,23 @@ class KubeClient:
                     event = json.loads(line)
                     yield str(event.get("type")), event.get("object", {})
 
-    async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
-        """Server-side apply under a field manager (the operator's by default)."""
+    async def apply(
+        self, obj: Obj, *, force: bool = True, manager: str = MANAGER, dry_run: bool = False
+    ) -> Obj:
+        """Server-side apply under a field manager (the operator's by default). A dry run
+        (strict field validation, as ``kubectl apply --server-side --dry-run=server`` sends
+        it) stores nothing and is not counted as a write."""
         kind = obj["kind"]
         meta = obj["metadata"]
-        self._on_write(kind, "apply")
+        params = {"fieldManager": manager, "force": "true" if force else "false"}
+        if dry_run:
+            params |= {"dryRun": "All", "fieldValidation": "Strict"}
+        else:
+            self._on_write(kind, "apply")
         return await self._call(
             "PATCH",
             resource_path(kind, meta.get("namespace"), meta["name"]),
-            params={"fieldManager": manager, "force": "true" if force else "false"},
+            params=params,
             content=json.dumps(obj),
             headers={"Content-Type": "application/apply-patch+yaml"},
         )

@@ -38,7 +38,7 @@ from disagg.autoscale.metrics import PrometheusSource
 from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
-from disagg.naming import child_name, model_selector
+from disagg.naming import ROLE_LABEL, child_name, model_selector
 from disagg.reconcile.children import Live, apply_children, list_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
@@ -203,7 +203,6 @@ class Reconciler:
         for decision in evaluation.resized():
             if decision.desired < decision.current:
                 await mark_cheapest(self.client, model, decision.pool, source)
-        for decision in evaluation.resized():
             log.info(
                 "%s/%s %s %d -> %d: %s", key[0], key[1], decision.pool,
                 decision.current, decision.desired, decision.reason,
@@ -227,7 +226,7 @@ class Reconciler:
         """Pool sizes to render: the evaluation's decision, else what the pool runs now."""
         replicas: dict[str, int] = {}
         for (kind, _), obj in live.items():
-            role = obj["metadata"].get("labels", {}).get("disagg.dev/role")
+            role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
             if kind == "Deployment" and role in POOLS and "replicas" in obj.get("spec", {}):
                 replicas[role] = int(obj["spec"]["replicas"])
         return {**replicas, **(evaluation.replicas() if evaluation else {})}
