@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
+from disagg.autoscale.sizing import Buckets, quantile
 from disagg.demo.procs import LOG_DIR, Proc, long_prompt, start
 
 __all__ = ["LOG_DIR", "Proc", "long_prompt", "start"]
@@ -100,6 +102,34 @@ async def stream_completion(
                     )
                     result.chunks += 1
         return result
+
+
+async def histogram(session: aiohttp.ClientSession, url: str, name: str) -> Buckets:
+    """One histogram an engine exports, as cumulative (upper bound, count) pairs."""
+    async with session.get(url + "/metrics") as response:
+        text = await response.text()
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            return [
+                (float(s.labels["le"]), s.value)
+                for s in family.samples
+                if s.name.endswith("_bucket")
+            ]
+    raise AssertionError(f"{url} exports no {name}")
+
+
+def histogram_p99(after: Buckets, before: Buckets) -> float:
+    """The p99 of what was observed between two scrapes, as histogram_quantile computes it."""
+    counts = dict(before)
+    value = quantile([(bound, count - counts.get(bound, 0.0)) for bound, count in after], 0.99)
+    assert value is not None, "nothing was observed between the scrapes"
+    return value
+
+
+async def host_lag_p99(session: aiohttp.ClientSession, url: str) -> float:
+    """How late the host woke the simulator's loop (wall seconds, p99 over its life)."""
+    value = quantile(await histogram(session, url, "disagg_sim_host_lag_seconds"), 0.99)
+    return value or 0.0
 
 
 def p99(values: list[float]) -> float:

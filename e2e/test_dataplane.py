@@ -14,8 +14,10 @@ from dataplane import (
     Proc,
     StreamResult,
     engine,
+    histogram,
+    histogram_p99,
+    host_lag_p99,
     long_prompt,
-    p99,
     router,
     run,
     start,
@@ -312,58 +314,67 @@ def test_killing_a_prefill_engine_mid_run_fails_no_request(tmp_path: object) -> 
             proc.stop()
 
 
-def _interference(colocated: bool, budget: int, subnet: int) -> tuple[float, float]:
-    """ITL p99 of 8 running streams: undisturbed, and overall while a 16k-token prompt arrives."""
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def _interference(colocated: bool, budget: int, subnet: int) -> tuple[float, float, float]:
+    """ITL p99 of 8 running streams as their engine reports it (what Prometheus and the
+    autoscaler see): undisturbed, and overall while a 16k-token prompt arrives; and the
+    host's p99 lag waking that engine (wall seconds), to tell a busy host from a stall."""
     net = f"127.43.{subnet}"
     flags = ("--max-num-batched-tokens", str(budget))
     if colocated:
         worker = engine(f"itl-both-{subnet}", f"{net}.1", "both", *flags, time_scale=0.5)
-        procs, url = [worker], worker.url
+        procs, url, decoder = [worker], worker.url, worker.url
     else:
         p = engine(f"itl-prefill-{subnet}", f"{net}.1", "prefill", *flags, time_scale=0.5)
         d = engine(f"itl-decode-{subnet}", f"{net}.2", "decode", *flags, time_scale=0.5)
         front = router(f"itl-router-{subnet}", f"{net}.3", [p], [d], "--pd-threshold", "1000")
-        procs, url = [p, d, front], front.url
+        procs, url, decoder = [p, d, front], front.url, d.url
     try:
 
-        async def measure() -> tuple[list[float], list[float]]:
+        async def measure() -> tuple[float, float, float]:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                before = await histogram(session, decoder, ITL)
                 streams = [
                     asyncio.create_task(stream_completion(session, url, "chat turn", 160))
                     for _ in range(8)
                 ]
                 await asyncio.sleep(0.4)  # let the streams settle into steady decoding first
+                settled = await histogram(session, decoder, ITL)
                 intruder = await stream_completion(session, url, long_prompt(16000), 2)
                 assert intruder.status == 200, intruder.error
                 results = await asyncio.gather(*streams)
-            quiet, overall = [], []
-            for result in results:
-                assert result.status == 200 and result.chunks == 160, result.error
-                quiet += result.gaps[:40]
-                overall += result.gaps
-            return quiet, overall
+                for result in results:
+                    assert result.status == 200 and result.chunks == 160, result.error
+                after = await histogram(session, decoder, ITL)
+                lag = await host_lag_p99(session, decoder)
+            return histogram_p99(settled, before), histogram_p99(after, before), lag
 
-        quiet, overall = run(measure())
-        return p99(quiet), p99(overall)
+        return run(measure())
     finally:
         for proc in procs:
             proc.stop()
 
 
 def test_a_long_prompt_stalls_colocated_decode_but_not_disaggregated_decode() -> None:
-    colocated_quiet, colocated_disturbed = _interference(colocated=True, budget=8192, subnet=10)
-    split_quiet, split_disturbed = _interference(colocated=False, budget=8192, subnet=11)
+    colocated_quiet, colocated_disturbed, lag = _interference(True, budget=8192, subnet=10)
+    split_quiet, split_disturbed, split_lag = _interference(False, budget=8192, subnet=11)
+    seen = dict(
+        colocated=(colocated_quiet, colocated_disturbed), split=(split_quiet, split_disturbed),
+        host_lag=(lag, split_lag),
+    )  # fmt: skip
     # One 16k-token prompt in a colocated engine stretches every running stream's token gap...
-    assert colocated_disturbed > 5 * colocated_quiet, (colocated_quiet, colocated_disturbed)
+    assert colocated_disturbed > 5 * colocated_quiet, seen
     # ...while on a decode-only engine the prompt's KV arrives ready and nothing stalls.
-    assert split_disturbed < 2 * split_quiet, (split_quiet, split_disturbed)
-    assert split_disturbed < colocated_disturbed / 3
+    assert split_disturbed < 2 * split_quiet, seen
+    assert split_disturbed < colocated_disturbed / 3, seen
 
 
 def test_chunked_prefill_softens_the_stall() -> None:
-    _, big_budget = _interference(colocated=True, budget=8192, subnet=12)
-    _, small_budget = _interference(colocated=True, budget=512, subnet=13)
-    assert small_budget < big_budget / 2, (small_budget, big_budget)
+    _, big_budget, lag = _interference(colocated=True, budget=8192, subnet=12)
+    _, small_budget, small_lag = _interference(colocated=True, budget=512, subnet=13)
+    assert small_budget < big_budget / 2, (small_budget, big_budget, (lag, small_lag))
 
 
 def test_router_discovers_pool_pods_through_the_api_server(kube: Kube, namespace: str) -> None:

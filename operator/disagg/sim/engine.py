@@ -1,21 +1,27 @@
 """The simulated engine's event loop: runs scheduler steps in (scaled) real time.
 
-Each step sleeps for its modelled duration times ``time_scale`` and then hands every emitted
+Each step lasts its modelled duration times ``time_scale`` and then hands every emitted
 token to the request's queue. Requests record their own timings; latencies reported anywhere
 are divided by ``time_scale`` so they read as real-GPU seconds.
+
+The times recorded are the engine's own (:class:`Timeline`), not when the host happened to
+wake the loop: on a busy host a wake-up comes late, which delays delivery but not what the
+engine reports in its metrics, as on a real GPU whose steps do not wait for a CPU. How late
+the host wakes it is measured (``disagg_sim_host_lag_seconds``) so a test can tell a busy
+host from a slow engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import math
 import random
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
 from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
@@ -23,6 +29,50 @@ from disagg.sim.metrics import EngineMetrics
 from disagg.sim.scheduler import Scheduler, SimRequest
 
 EngineRole = Literal["prefill", "decode", "both"]
+
+MAX_CATCH_UP: Final = 0.5
+"""Wall seconds the timeline may fall behind the host clock. A host that starves the
+simulator for longer is not absorbed: the timeline restarts at the present, and the delay
+shows in latencies (and in disagg_sim_host_lag_seconds)."""
+
+
+@dataclass
+class Timeline:
+    """When each step starts and ends on the engine's own clock (wall seconds, monotonic).
+
+    A step starts where the previous one ended while work was left over, or when new work
+    arrived after the engine went idle, and never before a request in it was queued; it ends
+    its modelled duration later. Only when the host runs more than MAX_CATCH_UP behind does
+    the timeline move to the present.
+    """
+
+    free_at: float = -math.inf
+    busy: bool = False
+    """Work was left when the last step ended: the next step follows it at once."""
+    arrived: float | None = None
+    """The earliest time new work arrived while the engine was idle."""
+
+    def notify(self, now: float) -> None:
+        if not self.busy and self.arrived is None:
+            self.arrived = now
+
+    def start(self, now: float, queued: float) -> float:
+        """The start of a step planned at ``now`` whose newest request was queued at
+        ``queued`` (-inf when it only continues running requests)."""
+        arrived = now if self.arrived is None else self.arrived
+        begin = self.free_at if self.busy else max(self.free_at, arrived)
+        self.arrived = None
+        begin = max(begin, queued)
+        return now if now - begin > MAX_CATCH_UP else begin
+
+    def finish(self, end: float, work_left: bool) -> None:
+        self.free_at, self.busy = end, work_left
+        if not work_left:
+            self.arrived = None
+
+    def idle(self) -> None:
+        """Nothing could be scheduled: the next step starts when new work arrives."""
+        self.busy, self.arrived = False, None
 
 
 @dataclass
@@ -55,9 +105,11 @@ class EngineConfig:
 
 @dataclass
 class Timings:
-    """Wall-clock marks of one request (time.monotonic())."""
+    """Marks of one request on the engine's timeline (time.monotonic() seconds)."""
 
     arrival: float
+    queued: float = -math.inf
+    """When the scheduler got it (after a decode engine's KV fetch)."""
     scheduled: float | None = None
     tokens: list[float] = field(default_factory=list)
 
@@ -85,6 +137,7 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._block_counter = 0
         self._rng = random.Random()
+        self.timeline = Timeline()
 
     async def start(self, kv_host: str) -> None:
         self.kv_port = await self.lender.start(kv_host, self.config.kv_port)
@@ -96,9 +149,13 @@ class Engine:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.lender.close()
 
+    def _wake_up(self) -> None:
+        self.timeline.notify(time.monotonic())
+        self._wake.set()
+
     def _release_held(self, tokens: int) -> None:
         self.scheduler.release_held(tokens)
-        self._wake.set()
+        self._wake_up()
 
     def seconds(self, wall: float) -> float:
         """Wall seconds as simulated GPU seconds."""
@@ -114,21 +171,26 @@ class Engine:
             step = self.scheduler.plan()
             self._publish_gauges()
             if step.tokens == 0:
+                self.timeline.idle()
                 self._wake.clear()
                 continue
-            now = time.monotonic()
-            for request in [r for r, _ in step.chunks] + step.decodes:
-                timing = self._timings.get(id(request))
-                if timing is not None and timing.scheduled is None:
-                    timing.scheduled = now
+            requests = [r for r, _ in step.chunks] + step.decodes
+            timings = [t for t in map(self._timings.get, map(id, requests)) if t is not None]
+            fresh = [t for t in timings if t.scheduled is None]
+            newest = max((t.queued for t in fresh), default=-math.inf)
+            start = self.timeline.start(time.monotonic(), newest)
+            for timing in fresh:
+                timing.scheduled = start
             duration = self.scheduler.duration(step) + self.faults.added_latency_ms / 1000
-            await asyncio.sleep(duration * self.config.time_scale)
+            end = start + duration * self.config.time_scale
+            await asyncio.sleep(max(0.0, end - time.monotonic()))
+            self.metrics.host_lag.observe(max(0.0, time.monotonic() - end))
             result = self.scheduler.complete(step)
-            emitted_at = time.monotonic()
+            self.timeline.finish(end, self.scheduler.has_work())
             for request, _ in result.emitted:
                 queue = self._queues.get(id(request))
                 if queue is not None:
-                    queue.put_nowait(emitted_at)
+                    queue.put_nowait(end)
             for request in result.finished:
                 if request.hold_kv:
                     nbytes = int(
@@ -192,13 +254,13 @@ class Engine:
                 await asyncio.sleep(0.005)
 
     async def run(self, request: SimRequest, arrival: float) -> AsyncGenerator[float, None]:
-        """Schedule a request and yield the wall time of each of its tokens."""
+        """Schedule a request and yield the time of each of its tokens (on the timeline)."""
         queue: asyncio.Queue[float | None] = asyncio.Queue()
-        timing = Timings(arrival=arrival)
+        timing = Timings(arrival=arrival, queued=time.monotonic())
         self._queues[id(request)] = queue
         self._timings[id(request)] = timing
         self.scheduler.add(request)
-        self._wake.set()
+        self._wake_up()
         self.accepted += 1
         finished = False
         try:
@@ -207,27 +269,35 @@ class Engine:
                 if emitted is None:
                     finished = True
                     break
-                timing.tokens.append(emitted)
+                self._observe_token(timing, emitted)
                 yield emitted
         finally:
             if not finished:
                 self.scheduler.cancel(request)
-                self._wake.set()
+                self._wake_up()
             else:
                 self._record(request, timing)
             self._queues.pop(id(request), None)
             self._timings.pop(id(request), None)
 
+    def _observe_token(self, timing: Timings, emitted: float) -> None:
+        """TTFT and inter-token latency as each token comes (vLLM observes them per
+        iteration, so an aborted request's tokens count too)."""
+        m, labels = self.metrics, self.metrics.labels
+        if timing.tokens:
+            m.itl.labels(**labels).observe(self.seconds(emitted - timing.tokens[-1]))
+        else:
+            m.ttft.labels(**labels).observe(self.seconds(emitted - timing.arrival))
+        timing.tokens.append(emitted)
+
     def _record(self, request: SimRequest, timing: Timings) -> None:
+        """What vLLM observes when a request finishes."""
         m, labels = self.metrics, self.metrics.labels
         tokens = timing.tokens
         if not tokens:
             return
         end = tokens[-1]
         ttft = self.seconds(tokens[0] - timing.arrival)
-        m.ttft.labels(**labels).observe(ttft)
-        for before, after in itertools.pairwise(tokens):
-            m.itl.labels(**labels).observe(self.seconds(after - before))
         e2e = self.seconds(end - timing.arrival)
         tpot = (e2e - ttft) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
         m.tpot.labels(**labels).observe(tpot)

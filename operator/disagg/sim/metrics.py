@@ -1,7 +1,8 @@
 """The engine simulator's Prometheus metrics: vLLM's names, types, labels and buckets.
 
 Latencies are in simulated seconds (wall time divided by the time scale), so they compare
-directly with real-world SLOs whatever ``--time-scale`` is.
+directly with real-world SLOs whatever ``--time-scale`` is. One series is the simulator's
+own, not vLLM's: ``disagg_sim_host_lag_seconds``, how late the host woke the engine's loop.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 LABELS: Final = ("model_name", "engine")
+HOST_LAG_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class EngineMetrics:
@@ -62,6 +64,12 @@ class EngineMetrics:
             "Histogram of time spent in PREFILL phase for request.",
             LABELS,
             buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.host_lag = Histogram(
+            "disagg_sim_host_lag_seconds",
+            "Wall seconds the host woke the engine loop later than its step ended.",
+            buckets=HOST_LAG_BUCKETS,
             registry=r,
         )
         self.running = Gauge(
