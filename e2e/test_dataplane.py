@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 
@@ -227,6 +228,61 @@ def test_engine_client_errors_pass_through_once_and_slow_bodies_are_cut_off(
         assert answer.startswith(b"HTTP/1.1 408") and b"took longer than 1s" in answer
     finally:
         any_model.stop()
+
+
+def test_slow_loris_connections_are_cut_off_while_others_are_served(
+    fleet: dict[str, list[Proc]],
+) -> None:
+    front = start(
+        "router-header-timeout", "router", "--host", "127.43.0.3", "--port", "8000",
+        "--decode", *(d.url for d in fleet["decode"]), "--header-timeout", "1",
+        url="http://127.43.0.3:8000",
+    )  # fmt: skip
+    try:
+
+        async def loris() -> tuple[list[float], int]:
+            """300 connections that send a request line and then a header byte now and then;
+            returns when each was closed (seconds after opening) and how many requests the
+            router answered meanwhile."""
+            answered = 0
+
+            async def slow() -> float:
+                reader, writer = await asyncio.open_connection("127.43.0.3", 8000)
+                opened = asyncio.get_running_loop().time()
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                try:
+                    while not reader.at_eof():
+                        writer.write(b"a")
+                        await writer.drain()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(reader.read(1024), 0.3)
+                except ConnectionError:
+                    pass
+                writer.close()
+                return asyncio.get_running_loop().time() - opened
+
+            async def served() -> None:
+                nonlocal answered
+                async with httpx.AsyncClient(timeout=10) as client:
+                    for _ in range(10):
+                        r = await client.post(
+                            front.url + "/v1/completions",
+                            json={"model": "m", "prompt": "hi", "max_tokens": 2},
+                        )
+                        answered += r.status_code == 200
+
+            closed = await asyncio.wait_for(
+                asyncio.gather(*(slow() for _ in range(300)), served()), timeout=30
+            )
+            return [c for c in closed if c is not None], answered
+
+        closed, answered = run(loris())
+        assert len(closed) == 300 and max(closed) < 4, sorted(closed)[-5:]
+        assert answered == 10
+        metrics = httpx.get(front.url + "/metrics").text
+        assert 'disagg_router_client_timeouts_total{phase="headers"} 300.0' in metrics
+    finally:
+        front.stop()
 
 
 def _failures(metrics: str) -> float:

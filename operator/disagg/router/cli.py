@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from disagg.router.deadline import HeaderDeadline
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.proxy import Router, RouterConfig, build_app
@@ -72,6 +73,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds a client may take to send its request body",
     )
     cmd.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a new client connection may take to send its first request headers",
+    )
+    cmd.add_argument(
         "--idle-timeout",
         type=float,
         default=75.0,
@@ -97,7 +104,7 @@ def _check(args: argparse.Namespace) -> str | None:
         return "give --decode URL [URL ...] (and --prefill URL ...), or --discover"
     if args.pd_threshold < 0:
         return f"--pd-threshold must be >= 0, got {args.pd_threshold}"
-    for flag in ("body_timeout", "idle_timeout", "prefill_timeout"):
+    for flag in ("header_timeout", "body_timeout", "idle_timeout", "prefill_timeout"):
         if not getattr(args, flag) > 0:
             return f"--{flag.replace('_', '-')} must be a positive number of seconds"
     if args.max_upstream_connections < 1 or args.max_body_bytes < 1:
@@ -130,8 +137,11 @@ async def _serve(args: argparse.Namespace) -> int:
             asyncio.create_task(watch_pool(client, args.namespace, args.prefill_selector, prefill)),
             asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode)),
         ]
+    deadline = HeaderDeadline(
+        args.header_timeout, router.metrics.client_timeouts.labels(phase="headers").inc
+    )
     runner = web.AppRunner(
-        build_app(router),
+        build_app(router, [deadline.middleware]),
         access_log=None,
         handler_cancellation=True,
         keepalive_timeout=args.idle_timeout,
@@ -148,6 +158,12 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         print(f"error: listening on {args.host}:{args.port} {reason}", file=sys.stderr)
         return 1
+    tasks.append(
+        asyncio.create_task(
+            deadline.enforce(lambda: runner.server.connections if runner.server else ()),
+            name="header deadline",
+        )
+    )
     logging.getLogger("disagg.router").info(
         "Router listening on %s:%d (%s, threshold %d tokens)",
         args.host,

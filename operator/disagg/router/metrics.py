@@ -50,6 +50,14 @@ class RouterMetrics:
             ["role"],
             registry=r,
         )
+        self.client_timeouts = Counter(
+            "disagg_router_client_timeouts_total",
+            "Client connections cut off for sending too slowly, by what was late.",
+            ["phase"],
+            registry=r,
+        )
+        for phase in ("headers", "body"):
+            self.client_timeouts.labels(phase=phase)
         self.in_flight = Gauge(
             "disagg_router_backend_in_flight",
             "Requests in flight per engine.",

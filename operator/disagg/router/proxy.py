@@ -19,11 +19,13 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from disagg.router import protocol
 from disagg.router.endpoints import Endpoint, Picker, Pool
@@ -292,6 +294,7 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, f"the request body exceeds {router.config.max_body_bytes} bytes")
     except TimeoutError:
+        router.metrics.client_timeouts.labels(phase="body").inc()
         return error_response(
             408, f"the request body took longer than {router.config.body_timeout:g}s to arrive"
         )
@@ -368,9 +371,9 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": ctype})
 
 
-def build_app(router: Router) -> web.Application:
+def build_app(router: Router, middlewares: Sequence[Middleware] = ()) -> web.Application:
     """The router's aiohttp application."""
-    app = web.Application(client_max_size=router.config.max_body_bytes)
+    app = web.Application(client_max_size=router.config.max_body_bytes, middlewares=middlewares)
     app[ROUTER_KEY] = router
 
     async def open_session(app: web.Application) -> Any:
