@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from closedloop import TIME_SCALE, ReplicaRecorder, Stack, drive, stack
+from closedloop import TIME_SCALE, LoadReport, ReplicaRecorder, Stack, drive, stack
+from dataplane import LOG_DIR
+from disagg.autoscale.evaluate import DELETION_COST
 from harness import Kube, Operator, wait_for
 
 
@@ -72,6 +75,42 @@ def test_long_outputs_scale_decode_then_quiet_scales_both_down(loop: Stack) -> N
             interval=1,
         )
     assert report.failed == 0, report.errors[:5]
+
+
+def test_decode_scales_down_while_traffic_continues_and_fails_no_request(loop: Stack) -> None:
+    wait_for(
+        "both pools at their minimum",
+        lambda: loop.replicas() == {"prefill": 1, "decode": 1},
+        timeout=150,
+        interval=1,
+    )
+
+    async def busy_then_light() -> tuple[LoadReport, LoadReport, float]:
+        heavy = await drive(loop.router.url, rate=3, seconds=30, prompt_tokens=100, max_tokens=400)
+        light_started = time.monotonic() - timeline.started
+        # ~3 streams of 4 s each stay running: one engine's worth, so decode shrinks while
+        # requests are in flight on the pods it removes.
+        light = await drive(
+            loop.router.url, rate=0.7, seconds=60, prompt_tokens=100, max_tokens=400
+        )
+        return heavy, light, light_started
+
+    with ReplicaRecorder(loop) as timeline:
+        heavy, light, light_started = asyncio.run(busy_then_light())
+        light_ended = time.monotonic() - timeline.started
+    peak = timeline.highest("decode")
+    assert peak >= 2, timeline.samples
+    during_light = [s["decode"] for t, s in timeline.samples if light_started <= t <= light_ended]
+    assert min(during_light) < max(during_light), (light_started, timeline.samples)
+    assert heavy.failed == 0 and light.failed == 0, (heavy.errors + light.errors)[:5]
+    # The operator marked the pods it wanted removed, and the removed pods drained first.
+    events = loop.kube.items("events", loop.namespace)
+    assert "ScaledDown" in {e["reason"] for e in events}
+    pods = loop.kube.items("pods", loop.namespace)
+    assert any(DELETION_COST in p["metadata"].get("annotations", {}) for p in pods), pods
+    emulator_log = (LOG_DIR / f"podemu-{loop.namespace}.log").read_text()
+    assert "disagg-drain: drained" in emulator_log, emulator_log[-2000:]
+    assert "still busy" not in emulator_log
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:

@@ -4,10 +4,10 @@ kwok makes pods Running but runs nothing; this plays the kubelet's container par
 engine pools. For each Running prefill/decode pod of a DisaggregatedModel it starts
 ``disagg sim engine`` listening on the pod IP (a loopback address) with the role and the
 flags the operator rendered (served model name, token budget, max sequences, TP). When the
-pod is deleted it behaves like the kubelet with our preStop hook: it waits until the engine
-is idle (no running or waiting request, no KV still lent), stops it, and only then removes
-the pod; pods it manages carry an annotation that makes kwok wait for the grace period
-instead of deleting them at once.
+pod is deleted it behaves like the kubelet: it runs the pod's own preStop hook (``disagg
+engine drain``, pointed at the pod IP instead of the pod's loopback) within the grace
+period, stops the engine, and only then removes the pod; pods it manages carry an
+annotation that makes kwok wait for the grace period instead of deleting them at once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +77,21 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
         with contextlib.suppress(KeyError):  # unknown model: the simulator's default profile
             argv += ["--model-profile", model_profile(model.rsplit("/models/", 1)[-1]).name]
     return [*argv, *extra]
+
+
+def pre_stop_argv(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]] | None:
+    """The engine pod's preStop ``disagg engine drain`` as this host runs it (argv and the
+    container's plain env), aimed at the pod IP; None when the pod has no such hook (pure)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    ip = pod.get("status", {}).get("podIP")
+    if not containers or not ip:
+        return None
+    hook = containers[0].get("lifecycle", {}).get("preStop", {}).get("exec", {})
+    command = [str(c) for c in hook.get("command", [])]
+    if command[:3] != ["disagg", "engine", "drain"]:
+        return None
+    env = {e["name"]: str(e["value"]) for e in containers[0].get("env", []) if "value" in e}
+    return [sys.executable, "-m", "disagg.cli", *command[1:], "--host", ip], env
 
 
 @dataclass
@@ -217,21 +233,24 @@ class PodEmulator:
             )
 
     async def _drain_and_remove(self, key: str, pod: dict[str, Any]) -> None:
-        current = self.running.get(key)
         grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
-        deadline = asyncio.get_running_loop().time() + grace
-        async with httpx.AsyncClient(timeout=2.0) as http:
-            quiet = 0
-            while current is not None and asyncio.get_running_loop().time() < deadline:
-                try:
-                    state = (await http.get(current.url + "/admin/state")).json()
-                except (httpx.HTTPError, ValueError):
-                    break
-                busy = state["running"] + state["waiting"] + state["kv_leased_requests"]
-                quiet = quiet + 1 if busy == 0 else 0
-                if quiet >= 2:
-                    break
-                await asyncio.sleep(0.2)
+        hook = pre_stop_argv(pod)
+        if hook is not None and key in self.running:
+            argv, env = hook
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env={**os.environ, **env},
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+            try:
+                _, said = await asyncio.wait_for(process.communicate(), grace)
+                log.info("preStop of %s: %s", key, said.decode(errors="replace").strip())
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+                log.info("preStop of %s still running after the %ds grace period", key, grace)
         await self._stop(key)
         await self._force_delete(pod)
 

@@ -43,9 +43,11 @@ def _get(url: str) -> str | None:
         return None
 
 
-def drain(port: int, timeout: float, role: str, lease_seconds: float) -> tuple[bool, str]:
+def drain(
+    port: int, timeout: float, role: str, lease_seconds: float, host: str = "127.0.0.1"
+) -> tuple[bool, str]:
     """Wait for the engine to go idle; returns (drained, what happened)."""
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://{host}:{port}"
     deadline = time.monotonic() + timeout
     quiet_polls = 0
     while time.monotonic() < deadline:
@@ -69,7 +71,7 @@ def drain(port: int, timeout: float, role: str, lease_seconds: float) -> tuple[b
 
 def cmd_drain(args: argparse.Namespace) -> int:
     role = os.environ.get("DISAGG_ROLE", "decode")
-    drained, what = drain(args.port, args.timeout, role, args.kv_lease_seconds)
+    drained, what = drain(args.port, args.timeout, role, args.kv_lease_seconds, args.host)
     print(f"disagg-drain: {what}", file=sys.stderr, flush=True)
     return 0 if drained else 1
 
@@ -78,6 +80,9 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     """Add ``drain`` under ``disagg engine``."""
     cmd = actions.add_parser("drain", help="preStop hook: wait until the engine is idle")
     cmd.add_argument("--port", type=int, default=8000, help="the engine's HTTP port")
+    cmd.add_argument(
+        "--host", default="127.0.0.1", help="the engine's address (in a pod: its own loopback)"
+    )
     cmd.add_argument("--timeout", type=float, default=110.0, help="give up after this many seconds")
     cmd.add_argument(
         "--kv-lease-seconds",
