@@ -1,4 +1,5 @@
-"""Crashes and restarts: the operator converges with no duplicate or orphaned objects."""
+"""Crashes and restarts: the operator converges with no duplicate or orphaned objects, through
+its own death mid-reconcile and an API server restart."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 import yaml
 
+from disagg.devcluster import runner
 from harness import EXAMPLES, Kube, Operator, condition, wait_for
 
-MODELS = 20
+MODELS = 50
 KINDS = "deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings"
 EXPECTED = Counter(
     {
@@ -32,7 +34,9 @@ def _manifests() -> str:
     return "---\n".join(docs)
 
 
-def test_killed_mid_reconcile_then_restarted_converges(kube: Kube, namespace: str) -> None:
+def test_killed_mid_reconcile_then_restarted_through_an_api_server_restart_converges(
+    kube: Kube, namespace: str
+) -> None:
     first = Operator(
         kube.layout, f"--namespace={namespace}", "--no-leader-election", log_name="crash"
     )
@@ -54,6 +58,16 @@ def test_killed_mid_reconcile_then_restarted_converges(kube: Kube, namespace: st
         kube.layout, f"--namespace={namespace}", "--no-leader-election", log_name="restart"
     )
     try:
+        # While the new operator works through the backlog, the API server goes away and comes
+        # back on the same etcd: every watch and request of the operator breaks at once.
+        wait_for(
+            "the restarted operator to add children",
+            lambda: len(kube.items("deployments", namespace)) > partial,
+            timeout=60,
+            interval=0.05,
+        )
+        runner.restart(kube.layout, "kube-apiserver", lambda _: None)
+        assert second.process.poll() is None, "the operator exited when the API server restarted"
 
         def converged() -> bool:
             models = kube.items("dm", namespace)
@@ -77,6 +91,7 @@ def test_killed_mid_reconcile_then_restarted_converges(kube: Kube, namespace: st
             assert counts == EXPECTED, f"{name}: {dict(counts)}"
         replicasets = kube.items("replicasets", namespace)
         assert len(replicasets) == MODELS * 3, "a restart must not roll the Deployments"
+        assert second.process.poll() is None
     finally:
         second.stop()
         kube.run("delete", "dm", "--all", "-n", namespace, "--wait=false", check=False)

@@ -283,6 +283,21 @@ def kubectl(
     return result.stdout
 
 
+def _component(binaries: Binaries, layout: Layout, ports: Ports, name: str) -> components.Component:
+    builders = {
+        "etcd": (components.etcd, binaries.etcd),
+        "kube-apiserver": (components.kube_apiserver, binaries.kube_apiserver),
+        "kube-controller-manager": (
+            components.kube_controller_manager,
+            binaries.kube_controller_manager,
+        ),
+        "kube-scheduler": (components.kube_scheduler, binaries.kube_scheduler),
+        "kwok": (components.kwok, binaries.kwok),
+    }
+    build, binary = builders[name]
+    return build(binary, layout, ports)
+
+
 def up(layout: Layout, say: Callable[[str], None]) -> bool:
     """Start every component (idempotent). Returns False when it was already running."""
     binaries = ensure_binaries(say)
@@ -301,20 +316,9 @@ def up(layout: Layout, say: Callable[[str], None]) -> bool:
     layout.kwok_config.write_text(STAGES_FILE.read_text())
     shutil.rmtree(layout.etcd_data, ignore_errors=True)
     state = State(ports=ports)
-    builders = {
-        "etcd": (components.etcd, binaries.etcd),
-        "kube-apiserver": (components.kube_apiserver, binaries.kube_apiserver),
-        "kube-controller-manager": (
-            components.kube_controller_manager,
-            binaries.kube_controller_manager,
-        ),
-        "kube-scheduler": (components.kube_scheduler, binaries.kube_scheduler),
-        "kwok": (components.kwok, binaries.kwok),
-    }
     try:
         for name in COMPONENTS:
-            build, binary = builders[name]
-            comp = build(binary, layout, ports)
+            comp = _component(binaries, layout, ports, name)
             say(f"starting {name}")
             process = _start(layout, comp)
             state.pids[name] = process.pid
@@ -347,6 +351,32 @@ def up(layout: Layout, say: Callable[[str], None]) -> bool:
     return True
 
 
+def restart(layout: Layout, name: str, say: Callable[[str], None]) -> None:
+    """Stop one running component and start it again on the same ports and data: what a
+    control-plane upgrade or a crashed API server does to the clients of a real cluster."""
+    state = layout.load_state()
+    pid = running_components(layout).get(name)
+    if state is None or pid is None:
+        raise ClusterError(f"{name} is not running; start the control plane with `disagg dev up`")
+    say(f"restarting {name}")
+    _stop_component(name, pid)
+    comp = _component(ensure_binaries(say), layout, state.ports, name)
+    process = _start(layout, comp)
+    state.pids[name] = process.pid
+    layout.save_state(state)
+    _wait_ready(layout, comp, process)
+
+
+def _stop_component(name: str, pid: int) -> None:
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while _pid_runs(pid, _binary_name(name)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _pid_runs(pid, _binary_name(name)):
+        _signal_group(pid, signal.SIGKILL)
+    _reap(pid)
+
+
 def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -364,13 +394,7 @@ def down(layout: Layout, say: Callable[[str], None]) -> None:
         if pid is None:
             continue
         say(f"stopping {name}")
-        _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _pid_runs(pid, _binary_name(name)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _pid_runs(pid, _binary_name(name)):
-            _signal_group(pid, signal.SIGKILL)
-        _reap(pid)
+        _stop_component(name, pid)
     shutil.rmtree(layout.etcd_data, ignore_errors=True)
     state = layout.load_state()
     if state is not None:
