@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -371,6 +372,74 @@ def test_killing_a_prefill_engine_mid_run_fails_no_request(tmp_path: object) -> 
 
 
 ITL = "vllm:inter_token_latency_seconds"
+
+
+def test_with_the_whole_prefill_pool_down_decode_serves_alone(tmp_path: object) -> None:
+    prefill = engine("down-prefill", "127.43.6.1", "prefill")
+    decode = engine("down-decode", "127.43.6.2", "decode")
+    front = router(
+        "down-router", "127.43.6.100", [prefill], [decode], "--pd-threshold", "16",
+        "--prefill-timeout", "5",
+    )  # fmt: skip
+    try:
+        prefill.kill()
+
+        async def load() -> list[StreamResult]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                return await asyncio.gather(
+                    *(
+                        stream_completion(session, front.url, long_prompt(300 + i), 8)
+                        for i in range(20)
+                    )
+                )
+
+        results = run(load())
+        failures = [r for r in results if r.status != 200 or r.error or r.chunks != 8]
+        assert not failures, failures[:3]
+        # Every request was served decode-only and says so, in its header and the metrics.
+        assert {r.path for r in results} == {"fallback"}
+        metrics = httpx.get(front.url + "/metrics").text
+        assert 'disagg_router_requests_total{code="200",path="fallback"} 20.0' in metrics
+        assert decode.get("/admin/state")["accepted"] == 20
+    finally:
+        for proc in (front, prefill, decode):
+            proc.stop()
+
+
+def _established_to(host: str, port: int) -> int:
+    """TCP connections open to host:port on this machine (from /proc/net/tcp)."""
+    address = "".join(f"{int(octet):02X}" for octet in reversed(host.split("."))) + f":{port:04X}"
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for row in rows if row.split()[2] == address and row.split()[3] == "01")
+
+
+def test_connections_to_the_engines_are_bounded(tmp_path: object) -> None:
+    decode = engine("bounded-decode", "127.43.7.2", "decode")
+    front = router(
+        "bounded-router", "127.43.7.100", [], [decode], "--max-upstream-connections", "4"
+    )
+    try:
+        most = 0
+
+        async def load() -> list[StreamResult]:
+            nonlocal most
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                tasks = [
+                    asyncio.create_task(stream_completion(session, front.url, "hi", 40))
+                    for _ in range(60)
+                ]
+                while not all(t.done() for t in tasks):
+                    most = max(most, _established_to("127.43.7.2", 8000))
+                    await asyncio.sleep(0.01)
+                return [t.result() for t in tasks]
+
+        results = run(load())
+        assert all(r.status == 200 and r.chunks == 40 for r in results), results[:3]
+        # 60 concurrent streams share four connections; more requests wait for one.
+        assert 1 <= most <= 4, most
+    finally:
+        front.stop()
+        decode.stop()
 
 
 def _interference(colocated: bool, budget: int, subnet: int) -> tuple[float, float, float]:
