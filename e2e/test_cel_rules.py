@@ -133,6 +133,32 @@ BROKEN += [
         "must be a whole number, and it and hugepages need a limit equal",
         {"prefill": {"resources": {"requests": {"example.com/dev": "1"}}}},
     ),
+    (
+        "hugepages-<size> must be a whole number of pages",
+        {
+            "prefill": {
+                "resources": {
+                    "requests": {"memory": "1Gi", "hugepages-2Mi": "3Mi"},
+                    "limits": {"memory": "1Gi", "hugepages-2Mi": "3Mi"},
+                }
+            }
+        },
+    ),
+    (
+        "hugepages-<size> must be a whole number of pages",
+        {"decode": {"resources": {"limits": {"cpu": "1", "hugepages-big": "1Gi"}}}},
+    ),
+    (
+        "hugepages need cpu or memory set beside them",
+        {
+            "prefill": {
+                "resources": {
+                    "requests": {"hugepages-2Mi": "4Mi"},
+                    "limits": {"hugepages-2Mi": "4Mi"},
+                }
+            }
+        },
+    ),
 ]
 
 
@@ -369,8 +395,9 @@ def test_valid_resources_selectors_and_env_render_pods_the_api_server_accepts(
     pool = {
         "resources": {
             "requests": {"cpu": "500m", "memory": "1Gi", "example.com/dev": 2,
-                         "ephemeral-storage": "10Gi"},
-            "limits": {"memory": "2Gi", "example.com/dev": "2"},
+                         "ephemeral-storage": "10Gi", "hugepages-2Mi": "1Gi"},
+            "limits": {"memory": "2Gi", "example.com/dev": "2", "hugepages-2Mi": "1Gi",
+                       "hugepages-1Gi": "2Gi"},
         },
         "nodeSelector": {"nvidia.com/gpu.product": "H100-SXM", "pool": ""},
         "affinity": {

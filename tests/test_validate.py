@@ -131,6 +131,21 @@ BAD_INPUTS = [
         "must be a whole number",
     ),
     (
+        "hugepages-not-whole-pages",
+        "spec.decode.resources",
+        {
+            "requests": {"memory": "1Gi", "hugepages-1Gi": "1536Mi"},
+            "limits": {"memory": "1Gi", "hugepages-1Gi": "1536Mi"},
+        },
+        "spec.decode.resources: resources: hugepages-<size> must be a whole number of pages",
+    ),
+    (
+        "hugepages-alone",
+        "spec.prefill.resources",
+        {"limits": {"hugepages-2Mi": "2Mi"}},
+        "spec.prefill.resources: resources: hugepages need cpu or memory set beside them",
+    ),
+    (
         "device-without-limit",
         "spec.decode.resources",
         {"requests": {"example.com/foo": 1}},

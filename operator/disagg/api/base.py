@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from fractions import Fraction
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field
@@ -36,6 +37,10 @@ QUANTITY_PATTERN = (
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_DECIMAL_EXACT = {
+    "m": Fraction(1, 1000),
+    **{k: Fraction(10**e) for k, e in zip("kMGTPE", range(3, 19, 3), strict=True)},
+}
 
 
 class ApiModel(RuleChecked):
@@ -93,6 +98,21 @@ def parse_quantity(text: str) -> float:
     if text[-1] in _DECIMAL:
         return float(text[:-1]) * _DECIMAL[text[-1]]
     return float(text)
+
+
+def exact_quantity(quantity: str | int) -> Fraction:
+    """The exact value of a quantity, where float rounding would judge differently from the
+    API server (hugepage divisibility)."""
+    if isinstance(quantity, int):
+        return Fraction(quantity)
+    parse_quantity(quantity)
+    number = quantity.lstrip("+")
+    for suffix, factor in _BINARY.items():
+        if number.endswith(suffix):
+            return Fraction(number[: -len(suffix)]) * factor
+    if number[-1] in _DECIMAL:
+        return Fraction(number[:-1]) * _DECIMAL_EXACT[number[-1]]
+    return Fraction(number)
 
 
 def _check_quantity(value: object) -> object:

@@ -1,12 +1,10 @@
 """What the engine containers get from the spec: environment variables and resources,
 validated as the API server validates a container (Kubernetes v1.35.4,
 ``pkg/apis/core/validation``: validateEnvVarValueFrom, validateObjectFieldSelector,
-ValidateContainerResourceRequirements, validateContainerResourceName), so a model this
-accepts renders pods the API server accepts.
-
-Not checked here (the API server still refuses them, and the model reports
-Degraded/ApplyRejected): hugepages without cpu or memory beside them, and hugepage sizes
-that do not divide the value.
+ValidateContainerResourceRequirements, validateContainerResourceName,
+validateResourceQuantityHugePageValue), so a model this accepts renders pods the API
+server accepts. One rule is stricter than the API server's: a hugepage amount must be a
+whole number of bytes (the API server rounds a fraction up before it checks the page size).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import ClassVar, Final, Literal
 
 from pydantic import Field
 
-from disagg.api.base import ApiModel, Quantity, parse_quantity
+from disagg.api.base import ApiModel, Quantity, exact_quantity, parse_quantity
 from disagg.api.rules import Rule
 from disagg.api.scheduling import DNS_SUBDOMAIN, QUALIFIED_NAME, label_key_ok, prefix_fits
 
@@ -174,6 +172,31 @@ def _exact(m: ResourceRequirements) -> bool:
     )
 
 
+HUGEPAGES: Final = "hugepages-"
+_INT64: Final = 2**63
+
+
+def _hugepages_whole_pages(m: ResourceRequirements) -> bool:
+    """Each hugepage amount is a whole number of its (positive, whole-byte) page size."""
+    for name, quantity in [*m.requests.items(), *m.limits.items()]:
+        if not name.startswith(HUGEPAGES):
+            continue
+        try:
+            page = exact_quantity(name.removeprefix(HUGEPAGES))
+        except ValueError:
+            return False
+        value = exact_quantity(quantity)
+        whole = page.denominator == 1 and value.denominator == 1 and value < _INT64
+        if not whole or not 0 < page < _INT64 or value % page:
+            return False
+    return True
+
+
+def _hugepages_beside_cpu_or_memory(m: ResourceRequirements) -> bool:
+    names = {*m.requests, *m.limits}
+    return not any(n.startswith(HUGEPAGES) for n in names) or bool(names & {"cpu", "memory"})
+
+
 def _q(expr: str) -> str:
     return f"quantity(string({expr}))"
 
@@ -188,6 +211,20 @@ _NAME_CEL: Final = (
 _EXTENDED_CEL: Final = "(k.contains('/') && !k.contains('kubernetes.io/'))"
 _OVERCOMMIT_CEL: Final = f"(!{_EXTENDED_CEL} && !k.startsWith('hugepages-'))"
 _VALID_CEL: Final = "isQuantity(string(self.{map}[k]))"
+_PAGE_CEL: Final = "quantity(k.substring(10))"
+_WHOLE_PAGES_CEL: Final = (
+    "self.{map}.all(k, !k.startsWith('hugepages-') || !" + _VALID_CEL + " || "
+    "(isQuantity(k.substring(10)) && "
+    + _PAGE_CEL
+    + ".isInteger() && "
+    + _PAGE_CEL
+    + ".asInteger() > 0 && quantity(string(self.{map}[k])).isInteger() && "
+    "quantity(string(self.{map}[k])).asInteger() % " + _PAGE_CEL + ".asInteger() == 0))"
+)
+_HAS_HUGEPAGES_CEL: Final = "(has(self.{map}) && self.{map}.exists(k, k.startsWith('hugepages-')))"
+_HAS_CPU_OR_MEMORY_CEL: Final = (
+    "(has(self.{map}) && ('cpu' in self.{map} || 'memory' in self.{map}))"
+)
 
 
 class ResourceRequirements(ApiModel):
@@ -252,5 +289,27 @@ class ResourceRequirements(ApiModel):
             message="resources: an extended resource (such as example.com/device) must be a "
             "whole number, and it and hugepages need a limit equal to the request",
             check=_exact,
+        ),
+        Rule(
+            cel="(!has(self.requests) || "
+            + _WHOLE_PAGES_CEL.format(map="requests")
+            + ") && (!has(self.limits) || "
+            + _WHOLE_PAGES_CEL.format(map="limits")
+            + ")",
+            message="resources: hugepages-<size> must be a whole number of pages of that size "
+            "(hugepages-2Mi: 2Mi, 4Mi, 1Gi...)",
+            check=_hugepages_whole_pages,
+        ),
+        Rule(
+            cel="!("
+            + _HAS_HUGEPAGES_CEL.format(map="requests")
+            + " || "
+            + _HAS_HUGEPAGES_CEL.format(map="limits")
+            + ") || "
+            + _HAS_CPU_OR_MEMORY_CEL.format(map="requests")
+            + " || "
+            + _HAS_CPU_OR_MEMORY_CEL.format(map="limits"),
+            message="resources: hugepages need cpu or memory set beside them",
+            check=_hugepages_beside_cpu_or_memory,
         ),
     )
