@@ -386,12 +386,15 @@ def test_with_the_whole_prefill_pool_down_decode_serves_alone(tmp_path: object) 
 
         async def load() -> list[StreamResult]:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-                return await asyncio.gather(
+                # The first finds the prefill engine unreachable; the rest find it marked down.
+                first = await stream_completion(session, front.url, long_prompt(300), 8)
+                rest = await asyncio.gather(
                     *(
-                        stream_completion(session, front.url, long_prompt(300 + i), 8)
-                        for i in range(20)
+                        stream_completion(session, front.url, long_prompt(301 + i), 8)
+                        for i in range(19)
                     )
                 )
+                return [first, *rest]
 
         results = run(load())
         failures = [r for r in results if r.status != 200 or r.error or r.chunks != 8]

@@ -320,13 +320,18 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
         )
     route = "skipped"
     kv_params = None
-    if estimate_tokens(body) >= router.config.pd_threshold and router.prefill.available():
-        try:
-            kv_params = await _prefill(router, path, body, headers, prefix)
-        except EngineRejected as rejected:
-            router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
-            return rejected.response({"X-Request-Id": request_id})
-        route = "disaggregated" if kv_params is not None else "fallback"
+    if estimate_tokens(body) >= router.config.pd_threshold:
+        # A prompt long enough for prefill that decode serves alone is a fallback, whether
+        # the prefill failed or no prefill engine is there to try: both mean an outage.
+        route = "fallback"
+        if router.prefill.available():
+            try:
+                kv_params = await _prefill(router, path, body, headers, prefix)
+            except EngineRejected as rejected:
+                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+                return rejected.response({"X-Request-Id": request_id})
+            if kv_params is not None:
+                route = "disaggregated"
     return await _decode(
         request, router, path, body, kv_params, headers, route, prefix, request_id, arrival
     )
