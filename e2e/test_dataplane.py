@@ -409,6 +409,37 @@ def test_with_the_whole_prefill_pool_down_decode_serves_alone(tmp_path: object) 
             proc.stop()
 
 
+def test_a_decode_engine_killed_mid_stream_ends_its_streams_with_an_error(
+    tmp_path: object,
+) -> None:
+    decode = [engine(f"mid-decode-{i}", f"127.43.8.{i}", "decode", time_scale=0.5) for i in (1, 2)]
+    front = router("mid-router", "127.43.8.100", [], decode)
+    try:
+
+        async def load() -> list[StreamResult]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                tasks = [
+                    asyncio.create_task(stream_completion(session, front.url, "hi", 400))
+                    for _ in range(12)
+                ]
+                await asyncio.sleep(0.3)  # every stream is under way
+                decode[0].kill()
+                return await asyncio.gather(*tasks)
+
+        results = run(load())
+        whole = [r for r in results if r.status == 200 and not r.error and r.chunks == 400]
+        cut = [r for r in results if r.status == 200 and r.error]
+        refused = [r for r in results if r.status == 503]
+        # Each stream either finished, or ended with an error event; none went quiet or
+        # came back longer than asked (a retry mid-stream would repeat tokens).
+        assert len(whole) + len(cut) + len(refused) == len(results), results
+        assert whole and cut, (len(whole), len(cut))
+        assert all(0 < r.chunks < 400 for r in cut)
+    finally:
+        for proc in (front, *decode):
+            proc.stop()
+
+
 def _established_to(host: str, port: int) -> int:
     """TCP connections open to host:port on this machine (from /proc/net/tcp)."""
     address = "".join(f"{int(octet):02X}" for octet in reversed(host.split("."))) + f":{port:04X}"
