@@ -49,10 +49,12 @@ def example(name: str) -> dict[str, Any]:
 def new_namespace(kube: Kube) -> str:
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     kube.run("create", "namespace", name)
+    # The controller-manager creates it; after an API server restart (e2e/test_restart.py)
+    # its watches back off for up to a minute before it sees new namespaces.
     wait_for(
         f"the default ServiceAccount in {name}",
         lambda: kube.get("serviceaccount", "default", name),
-        timeout=30,
+        timeout=90,
     )
     return name
 

@@ -3,6 +3,7 @@ its own death mid-reconcile and an API server restart."""
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from typing import Any
 
@@ -89,12 +90,46 @@ def test_killed_mid_reconcile_then_restarted_through_an_api_server_restart_conve
             per_model[owner][child["kind"]] += 1
         for name, counts in per_model.items():
             assert counts == EXPECTED, f"{name}: {dict(counts)}"
+        # The controller-manager's watches broke too and back off before they list again:
+        # wait for it to create every ReplicaSet, then make sure there is no second one.
+        wait_for(
+            "the controller-manager to create the ReplicaSets",
+            lambda: len(kube.items("replicasets", namespace)) >= MODELS * 3,
+            timeout=120,
+            interval=1,
+        )
         replicasets = kube.items("replicasets", namespace)
-        assert len(replicasets) == MODELS * 3, "a restart must not roll the Deployments"
+        assert len(replicasets) == MODELS * 3, _rolled(kube, namespace, replicasets)
         assert second.process.poll() is None
     finally:
         second.stop()
         kube.run("delete", "dm", "--all", "-n", namespace, "--wait=false", check=False)
+
+
+def _rolled(kube: Kube, namespace: str, replicasets: list[dict[str, Any]]) -> str:
+    """Which Deployments have more than one ReplicaSet, and how their templates differ."""
+    by_owner: dict[str, list[dict[str, Any]]] = {}
+    for rs in replicasets:
+        by_owner.setdefault(rs["metadata"]["ownerReferences"][0]["name"], []).append(rs)
+    lines = ["a restart must not roll the Deployments:"]
+    for name, sets in sorted(by_owner.items()):
+        if len(sets) < 2:
+            continue
+        deployment = kube.get("deployment", name, namespace) or {}
+        templates = [yaml.safe_dump(rs["spec"]["template"]) for rs in sets]
+        lines.append(
+            f"  {name}: {len(sets)} ReplicaSets, templates "
+            f"{'differ' if len(set(templates)) > 1 else 'identical'}, collisionCount "
+            f"{deployment.get('status', {}).get('collisionCount')}, revisions "
+            f"{[rs['metadata']['annotations'].get('deployment.kubernetes.io/revision') for rs in sets]}"
+        )
+        if len(set(templates)) > 1:
+            lines += list(
+                difflib.unified_diff(
+                    templates[0].splitlines(), templates[1].splitlines(), lineterm=""
+                )
+            )[:40]
+    return "\n".join(lines)
 
 
 def test_standby_replica_takes_over_when_the_leader_dies(kube: Kube, namespace: str) -> None:
