@@ -165,3 +165,24 @@ def test_a_pool_shrinks_only_to_a_size_its_load_fills_to_at_most_80_percent() ->
     assert run_decode(420.0, 3, 900) == []
     # 300 fill two replicas to 68%: one move down, after the stabilization window.
     assert run_decode(300.0, 3, 900) == [(300.0, 3, 2)]
+
+
+def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:
+    # 6 replicas drain a backlog of 600 prompts at 2 per second while 5 req/s keep arriving
+    # (so engines finish 7 req/s); then the queue is empty. 5 req/s of 1000-token prompts at
+    # 10k tokens/s is half a replica's work: two at most, once the backlog is gone.
+    memory, replicas, downs, last_scale = PoolMemory(prefill_speed=10_000), 6, [], NOW - 1000
+    for step in range(-20, 21):
+        t = NOW + 15 * step
+        draining = step < 0
+        queue = -30.0 * step if draining else 0.0
+        signals = prefill(9.0 if draining else 0.3, 7.0 if draining else 5.0, at=t, queue=queue)
+        decision = decide_pool(
+            "prefill", signals, replicas, replicas, PREFILL, RULES, memory, last_scale, t
+        )
+        if decision.action == "down":
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas, last_scale = decision.desired, t
+    # As soon as the look-back covers the window, straight to what the arrivals need: the
+    # backlog's share of the window's recommendations is not load that comes back.
+    assert downs and downs[0][0] <= 15 and downs[0][2] <= 2, downs

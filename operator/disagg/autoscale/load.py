@@ -32,6 +32,9 @@ class Need:
     why: str
     keep: int = 0
     """The fewest replicas a scale-down may leave: the demand fills them to DOWN_HEADROOM."""
+    sustained: int = 0
+    """``keep`` for what arrives, without the backlog: a backlog is drained once, it is not
+    load that comes back, so the scale-down look-back remembers this."""
     drain_per_request: float | None = None
     """Prefill: seconds of one replica's time a waiting prompt costs."""
     wait_budget: float | None = None
@@ -66,6 +69,9 @@ def feed_forward(
         limit = policy.max_replicas + 1
         n = sizing.prefill_replicas(arrivals, service, budgets, limit)
         keep = sizing.prefill_replicas(arrivals / DOWN_HEADROOM, service, budgets, limit)
+        # While a backlog drains the engines finish more than arrives.
+        seen = max(0.0, rate + memory.queue_change) * headroom / DOWN_HEADROOM
+        sustained = sizing.prefill_replicas(seen, service, budgets, limit)
         typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
         backlog = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (
@@ -73,33 +79,36 @@ def feed_forward(
             f"{mean_prompt:.0f}-token prompts at {speed:.0f} tokens/s per replica, "
             f"most may wait {typical:.2f}s"
         )
-        return Need(n, why, keep, service, typical)
+        return Need(n, why, keep, sustained, service, typical)
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
     sequences = decode_sequences(signals, growing) * headroom
     n = sizing.decode_replicas(sequences, batch)
     keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
+    steady = decode_sequences(signals, growing, backlog=False) * headroom
     return Need(
         n,
         f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})",
         keep,
+        sizing.decode_replicas(steady / DOWN_HEADROOM, batch),
     )
 
 
-def decode_sequences(signals: Signals, growing: float) -> float:
+def decode_sequences(signals: Signals, growing: float, backlog: bool = True) -> float:
     """Sequences the decode pool must hold at once (Little's law: arrivals x lifetime).
 
     A saturated pool runs what it holds and queues the rest; the queue is not all demand at
-    once: what it grows by per second, plus the backlog drained over DRAIN_SECONDS, each stays
-    one sequence lifetime (running over completions per second).
+    once: what it grows by per second, plus (with ``backlog``) the backlog drained over
+    DRAIN_SECONDS, each stays one sequence lifetime (running over completions per second).
     Never more than running plus waiting: that is every sequence there is."""
     running, queue = signals.running or 0.0, signals.queue or 0.0
     rate = signals.request_rate
     if not queue or not rate or not running:
-        return running + queue
+        return running + (queue if backlog else 0.0)
     lifetime = running / rate
-    return min(running + queue, running + (growing + queue / sizing.DRAIN_SECONDS) * lifetime)
+    drained = queue / sizing.DRAIN_SECONDS if backlog else 0.0
+    return min(running + queue, running + (growing + drained) * lifetime)
 
 
 def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, float], ...]:

@@ -76,6 +76,9 @@ class PoolMemory:
     """Recent recommendations (time, replicas) of one pool: the stabilization window's input."""
 
     recommendations: list[tuple[float, int]] = field(default_factory=list)
+    sustained: list[tuple[float, int]] = field(default_factory=list)
+    """The same recommendations without what only a backlog asked for: a backlog is drained
+    once, it is not load that comes back, so the scale-down look-back remembers these."""
     demand: list[tuple[float, float]] = field(default_factory=list)
     """(time, demand): requests/s reaching a prefill pool, sequences held by a decode pool;
     how fast it moves over one provisioning delay sets the headroom."""
@@ -90,15 +93,24 @@ class PoolMemory:
     """When the replicas of the last scale-up all became ready."""
     last_queue: tuple[float, float] | None = None
     """(time, waiting requests) at the previous evaluation: how fast the backlog grows."""
+    queue_change: float = 0.0
+    """Waiting requests per second since the previous evaluation, negative while a backlog
+    drains: finished requests minus this is what arrived."""
     last_down: float | None = None
     """When the pool was last scaled down."""
     down_window: float = 0.0
     """The scale-down look-back learned from flaps: longer than the spec's when load that
     was scaled away came back within FLAP_SECONDS."""
 
-    def remember(self, now: float, replicas: int, horizon: float) -> None:
+    def remember(
+        self, now: float, replicas: int, horizon: float, sustained: int | None = None
+    ) -> None:
+        """Note a recommendation, and what of it the load would sustain without a backlog."""
         self.recommendations.append((now, replicas))
         self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= horizon]
+        kept = replicas if sustained is None else min(replicas, sustained)
+        self.sustained.append((now, kept))
+        self.sustained = [(t, r) for t, r in self.sustained if now - t <= horizon]
 
     def track(self, now: float, demand: float | None, current: int, ready: int) -> None:
         """Record the demand and how long starting replicas take to become ready."""
@@ -113,11 +125,14 @@ class PoolMemory:
             self.ready_at = now
 
     def queue_growth(self, now: float, queue: float | None) -> float:
-        """Waiting requests added per second since the previous evaluation (0 if shrinking)."""
+        """Waiting requests added per second since the previous evaluation (0 if shrinking;
+        ``queue_change`` keeps the sign)."""
         previous, self.last_queue = self.last_queue, (now, queue or 0.0)
         if previous is None or now <= previous[0]:
+            self.queue_change = 0.0
             return 0.0
-        return max(0.0, ((queue or 0.0) - previous[1]) / (now - previous[0]))
+        self.queue_change = ((queue or 0.0) - previous[1]) / (now - previous[0])
+        return max(0.0, self.queue_change)
 
     def scaled(self, now: float, up: bool, configured: float) -> None:
         """Note a resize; a scale-up soon after a scale-down doubles the look-back."""
@@ -129,13 +144,13 @@ class PoolMemory:
             self.last_down = None
 
     def window_max(self, now: float, window: float) -> int | None:
-        """The largest recommendation of the last ``window`` seconds; None until the history
-        covers the window."""
-        if not self.recommendations:
+        """The largest sustained recommendation of the last ``window`` seconds; None until
+        the history covers the window."""
+        if not self.sustained:
             return None
-        if window > 0 and now - self.recommendations[0][0] < window:
+        if window > 0 and now - self.sustained[0][0] < window:
             return None
-        return max(r for t, r in self.recommendations if now - t <= window)
+        return max(r for t, r in self.sustained if now - t <= window)
 
     def held(
         self, now: float, window: float, *, at_most: int | None = None, at_least: int | None = None

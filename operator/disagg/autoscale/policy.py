@@ -18,7 +18,8 @@ no load estimate yet. The inputs and what the policy remembers are in
   earlier scale-up are still starting, only if the ready replicas' load needs more than that;
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
-  undone within 5 minutes: bursts that come back are learned), at most ``scaleDown.maxStep``
+  undone within 5 minutes: bursts that come back are learned), leaving out what only a
+  backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
   size the load fills to at most 80% (a size it only just fits is one the next fluctuation
   scales back up); without a load estimate, only when one replica fewer would still meet the
@@ -212,6 +213,9 @@ def decide_pool(
             unreachable=why_unreachable, unreachable_share=share,
         )  # fmt: skip
 
+    # What the scale-down look-back keeps: a backlog's share of a recommendation is not
+    # load that comes back once it is drained.
+    sustained = None if need is None else max(policy.min_replicas, need.sustained)
     down_window = max(behavior.down_window, memory.down_window)
     horizon = 2 * max(behavior.up_window, down_window) + 60
     starting = current - ready
@@ -224,7 +228,7 @@ def decide_pool(
     wanted = max(feedback, need.replicas if need else 0)
     if wanted > current and current < policy.max_replicas:
         desired = min(policy.max_replicas, current + behavior.up_step, wanted)
-        memory.remember(now, desired, horizon)
+        memory.remember(now, desired, horizon, sustained)
         if since < behavior.up_cooldown:
             return decision(current, "hold", f"in scale-up cooldown ({observed})")
         if not memory.held(now, behavior.up_window, at_least=current + 1):
@@ -237,7 +241,7 @@ def decide_pool(
             driver = f"load ahead of latency ({observed})"
         return decision(desired, "up", f"scale up: {driver}")
     if breach and starting > 0:
-        memory.remember(now, current, horizon)
+        memory.remember(now, current, horizon, sustained)
         return decision(current, "hold", f"waiting for {starting} starting replica(s) ({observed})")
 
     quiet = not breach and (not latency_counts or latency < DOWN_HEADROOM)
@@ -251,7 +255,7 @@ def decide_pool(
         after = pressure * current / fewer if current > 1 else pressure
         recommendation = current - 1 if after < DOWN_HEADROOM else current
     recommendation = max(policy.min_replicas, min(current, recommendation))
-    memory.remember(now, recommendation, horizon)
+    memory.remember(now, recommendation, horizon, sustained if quiet else None)
     target = memory.window_max(now, down_window)
     if recommendation >= current:
         return decision(current, "hold", f"within SLO ({observed})")
@@ -259,7 +263,7 @@ def decide_pool(
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
     if target is None or target >= current:
         return decision(current, "hold", f"stabilizing scale-down ({observed})")
-    desired = max(target, current - behavior.down_step)
+    desired = max(target, recommendation, current - behavior.down_step)
     sized = f"; load needs {need.replicas}: {need.why}" if need is not None and not idle else ""
     return decision(desired, "down", f"scale down: {observed}{sized}")
 
