@@ -140,6 +140,12 @@ BAD_INPUTS = [
         "spec.decode.resources: resources: hugepages-<size> must be a whole number of pages",
     ),
     (
+        "hugepages-huge-exponent",  # judged without computing a 100-million-digit number
+        "spec.decode.resources",
+        {"limits": {"memory": "1Gi", "hugepages-2Mi": "1e99999999"}},
+        "spec.decode.resources: resources: hugepages-<size> must be a whole number of pages",
+    ),
+    (
         "hugepages-alone",
         "spec.prefill.resources",
         {"limits": {"hugepages-2Mi": "2Mi"}},

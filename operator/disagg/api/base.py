@@ -36,8 +36,8 @@ QUANTITY_PATTERN = (
 )
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
-_DECIMAL_EXACT = {
+_EXACT_DIGITS = 40
+_DECIMAL = {
     "m": Fraction(1, 1000),
     **{k: Fraction(10**e) for k, e in zip("kMGTPE", range(3, 19, 3), strict=True)},
 }
@@ -90,14 +90,7 @@ def _check_duration(value: object) -> object:
 
 def parse_quantity(text: str) -> float:
     """The value of a Kubernetes resource quantity (``16Gi``, ``500m``, ``2``)."""
-    if not _QUANTITY.fullmatch(text):
-        raise ValueError(f"{text!r} is not a {QUANTITY_MEANING}")
-    for suffix, factor in _BINARY.items():
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    if text[-1] in _DECIMAL:
-        return float(text[:-1]) * _DECIMAL[text[-1]]
-    return float(text)
+    return float(exact_quantity(text))
 
 
 def exact_quantity(quantity: str | int) -> Fraction:
@@ -105,14 +98,22 @@ def exact_quantity(quantity: str | int) -> Fraction:
     API server (hugepage divisibility)."""
     if isinstance(quantity, int):
         return Fraction(quantity)
-    parse_quantity(quantity)
-    number = quantity.lstrip("+")
-    for suffix, factor in _BINARY.items():
+    if not _QUANTITY.fullmatch(quantity):
+        raise ValueError(f"{quantity!r} is not a {QUANTITY_MEANING}")
+    number, factor = quantity.lstrip("+"), Fraction(1)
+    scales: dict[str, int | Fraction] = {**_BINARY, **_DECIMAL}
+    for suffix, scale in scales.items():
         if number.endswith(suffix):
-            return Fraction(number[: -len(suffix)]) * factor
-    if number[-1] in _DECIMAL:
-        return Fraction(number[:-1]) * _DECIMAL_EXACT[number[-1]]
-    return Fraction(number)
+            number, factor = number[: -len(suffix)], Fraction(scale)
+            break
+    # An exponent such as 1e99999999 would make an exact number of a hundred million digits;
+    # far beyond any int64 (or below a nano) the exact value decides nothing.
+    magnitude = Decimal(number).adjusted()
+    if magnitude > _EXACT_DIGITS:
+        return Fraction(10 ** (_EXACT_DIGITS + 1)) * factor
+    if magnitude < -_EXACT_DIGITS:
+        return Fraction(0) if Decimal(number) == 0 else Fraction(1, 10**_EXACT_DIGITS) * factor
+    return Fraction(number) * factor
 
 
 def _check_quantity(value: object) -> object:
