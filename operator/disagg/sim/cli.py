@@ -64,6 +64,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="ib400",
         help="link the KV cache crosses (decode side)",
     )
+    eng.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="reuse cached prompt blocks, as vLLM does by default (off here: synthetic loads "
+        "repeat one prompt, and would measure no prefill at all)",
+    )
+    eng.add_argument(
+        "--block-size", type=_positive(int), default=16, help="tokens per prefix-cache block"
+    )
     eng.add_argument("--kv-port", type=int, default=5600, help="KV side-channel port (0: any free)")
     eng.add_argument(
         "--kv-bytes-scale",
@@ -117,6 +127,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         kv_lease_seconds=args.kv_lease_seconds,
         advertise_host=advertise or "127.0.0.1",
         kv_port=args.kv_port,
+        prefix_caching=args.enable_prefix_caching,
+        block_size=args.block_size,
     )
 
 

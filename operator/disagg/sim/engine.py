@@ -26,6 +26,7 @@ from typing import Any, Final, Literal
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
 from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
 from disagg.sim.metrics import EngineMetrics
+from disagg.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from disagg.sim.scheduler import Scheduler, SimRequest
 
 EngineRole = Literal["prefill", "decode", "both"]
@@ -101,6 +102,8 @@ class EngineConfig:
     advertise_host: str = "127.0.0.1"
     kv_port: int = 0
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    prefix_caching: bool = False
+    block_size: int = DEFAULT_BLOCK_SIZE
 
 
 @dataclass
@@ -120,11 +123,18 @@ class Engine:
     def __init__(self, config: EngineConfig, faults: Faults | None = None) -> None:
         self.config = config
         self.faults = faults or Faults()
+        cache = (
+            PrefixCache(config.kv_capacity_tokens // config.block_size)
+            if config.prefix_caching
+            else None
+        )
         self.scheduler = Scheduler(
             config.shape,
             config.max_num_batched_tokens,
             config.max_num_seqs,
             config.kv_capacity_tokens,
+            prefix_cache=cache,
+            block_size=config.block_size,
         )
         self.metrics = EngineMetrics(config.served_model_name)
         self.lender = KvLender(config.kv_lease_seconds * config.time_scale, self._release_held)
@@ -207,6 +217,7 @@ class Engine:
     def _publish_gauges(self) -> None:
         s = self.scheduler
         self.metrics.observe_gauges(len(s.running), len(s.waiting), s.usage)
+        self.metrics.observe_prefix_cache(s.prefix_queries, s.prefix_hits)
 
     def block_ids(self, prompt_tokens: int) -> list[list[int]]:
         """Opaque KV block ids, as a prefill engine reports them to the router."""

@@ -96,7 +96,22 @@ class EngineMetrics:
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
         )
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            LABELS,
+            registry=r,
+        )
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            LABELS,
+            registry=r,
+        )
+        self._prefix_seen = (0, 0)
         for metric in (
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
             self.running,
             self.waiting,
             self.kv_usage,
@@ -104,6 +119,15 @@ class EngineMetrics:
             self.generation_tokens,
         ):
             metric.labels(**self.labels)
+
+    def observe_prefix_cache(self, queries: int, hits: int) -> None:
+        """Bring the counters up to the scheduler's running totals."""
+        seen_queries, seen_hits = self._prefix_seen
+        if queries > seen_queries:
+            self.prefix_cache_queries.labels(**self.labels).inc(queries - seen_queries)
+        if hits > seen_hits:
+            self.prefix_cache_hits.labels(**self.labels).inc(hits - seen_hits)
+        self._prefix_seen = (queries, hits)
 
     def observe_gauges(self, running: int, waiting: int, usage: float) -> None:
         self.running.labels(**self.labels).set(running)

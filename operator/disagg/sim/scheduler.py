@@ -9,6 +9,8 @@ model, so one long prompt in a step stretches the inter-token gap of every decod
 
 With ``prefill_first`` it schedules like vLLM before chunked prefill (the baseline DistServe
 measured): whenever prompts wait, a step runs only whole prompts and every decode pauses.
+With a :class:`~disagg.sim.prefix_cache.PrefixCache`, an admitted request computes only
+the part of its prompt after the leading blocks already cached.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from disagg.perf.roofline import EngineShape, PrefillChunk, step_time
+from disagg.sim.prefix_cache import PrefixCache
 
 
 @dataclass(eq=False)
@@ -30,6 +33,8 @@ class SimRequest:
     """The prompt's KV came from a remote prefill engine: no prefill compute here."""
     hold_kv: bool = False
     """Keep the prompt's KV after finishing (a prefill engine lending it to a decode engine)."""
+    block_hashes: tuple[bytes, ...] = ()
+    """Its prompt's full blocks, for the prefix cache."""
     prefilled: int = 0
     generated: int = 0
     finished: bool = False
@@ -78,6 +83,8 @@ class Scheduler:
         max_num_seqs: int,
         kv_capacity_tokens: int,
         prefill_first: bool = False,
+        prefix_cache: PrefixCache | None = None,
+        block_size: int = 16,
     ) -> None:
         self.shape = shape
         self.prefill_first = prefill_first
@@ -88,6 +95,12 @@ class Scheduler:
         self.kv_held = 0
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        self.prefix_cache = prefix_cache
+        self.block_size = block_size
+        self.prefix_queries = 0
+        """Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)."""
+        self.prefix_hits = 0
+        """Of those, tokens found cached (vLLM's prefix_cache_hits)."""
 
     def add(self, request: SimRequest) -> None:
         if request.kv_reservation > self.kv_capacity:
@@ -105,6 +118,7 @@ class Scheduler:
         elif request in self.running:
             self.running.remove(request)
             self.kv_used -= request.kv_reservation
+            self._unpin(request)
 
     def release_held(self, tokens: int) -> None:
         """Free KV that a prefill engine held for a decode engine (fetched or expired)."""
@@ -143,17 +157,32 @@ class Scheduler:
                 break
             if not request.kv_ready and budget <= 0:
                 break
-            self.waiting.popleft()
-            self.running.append(request)
-            self.kv_used += request.kv_reservation
+            self._admit(self.waiting.popleft())
             if request.kv_ready:
                 step.decodes.append(request)
                 budget -= 1
             else:
-                chunk = min(budget, request.prompt_tokens)
+                chunk = min(budget, request.prompt_tokens - request.prefilled)
                 step.chunks.append((request, chunk))
                 budget -= chunk
         return step
+
+    def _admit(self, request: SimRequest) -> None:
+        """Move a waiting request to running: reserve its KV, reuse its cached prefix."""
+        self.running.append(request)
+        self.kv_used += request.kv_reservation
+        if self.prefix_cache is None or not request.block_hashes:
+            return
+        cached = self.prefix_cache.acquire(request.block_hashes) * self.block_size
+        if not request.kv_ready:
+            self.prefix_queries += request.prompt_tokens
+            self.prefix_hits += cached
+            # Like vLLM, the last prompt token is computed even when all of it is cached.
+            request.prefilled = min(cached, request.prompt_tokens - 1)
+
+    def _unpin(self, request: SimRequest) -> None:
+        if self.prefix_cache is not None and request.block_hashes:
+            self.prefix_cache.release(request.block_hashes)
 
     def _plan_whole_prompts(self) -> Step:
         step = Step()
@@ -164,12 +193,11 @@ class Scheduler:
                 break
             if not request.kv_ready and step.chunks and request.prompt_tokens > budget:
                 break
-            self.waiting.popleft()
-            self.running.append(request)
-            self.kv_used += request.kv_reservation
+            self._admit(self.waiting.popleft())
             if not request.kv_ready:
-                step.chunks.append((request, request.prompt_tokens))
-                budget -= request.prompt_tokens
+                chunk = request.prompt_tokens - request.prefilled
+                step.chunks.append((request, chunk))
+                budget -= chunk
         return step
 
     def duration(self, step: Step) -> float:
@@ -196,6 +224,7 @@ class Scheduler:
                 result.finished.append(request)
                 self.running.remove(request)
                 self.kv_used -= request.kv_reservation
+                self._unpin(request)
                 if request.hold_kv:
                     self.kv_held += request.prompt_tokens
         return result

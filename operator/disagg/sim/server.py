@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from disagg.sim.engine import Engine
 from disagg.sim.kvchannel import KvFetchError
+from disagg.sim.prefix_cache import block_hashes, prompt_units
 from disagg.sim.scheduler import SimRequest
 from disagg.sim.tokens import estimate_tokens, output_token
 
@@ -191,12 +192,16 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             except KvFetchError as failure:
                 return error(500, f"KV transfer failed: {failure}", "InternalServerError")
             remote_prefill = True
+    blocks = (
+        tuple(block_hashes(prompt_units(body), config.block_size)) if config.prefix_caching else ()
+    )
     sim = SimRequest(
         id=internal_id,
         prompt_tokens=prompt_tokens,
         max_tokens=1 if remote_decode else max_tokens,
         kv_ready=remote_prefill,
         hold_kv=remote_decode,
+        block_hashes=blocks,
     )
     if sim.kv_reservation > engine.scheduler.kv_capacity:
         return error(

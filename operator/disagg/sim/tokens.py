@@ -41,7 +41,7 @@ def _text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
@@ -53,7 +53,7 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     """Prompt tokens of a completion or chat request, estimated from its text."""
     if "messages" in body and isinstance(body["messages"], list):
         return sum(
-            MESSAGE_OVERHEAD_TOKENS + _text_tokens(_content_text(m.get("content")))
+            MESSAGE_OVERHEAD_TOKENS + _text_tokens(content_text(m.get("content")))
             for m in body["messages"]
             if isinstance(m, dict)
         )
