@@ -118,6 +118,22 @@ def test_decode_step_that_misses_tpot_with_nothing_batched_is_unreachable() -> N
     assert decision.unreachable is not None and "TP16" in decision.unreachable
 
 
+def test_a_slow_step_with_one_sequence_teaches_no_batch_size_and_adds_no_replica() -> None:
+    # One sequence on one replica, TPOT p99 183 ms against 40 ms (the step alone, or a stall):
+    # a replica does not hold fewer than one sequence, and a second replica would not help.
+    memory, replicas = PoolMemory(), 1
+    for step in range(20):
+        t = NOW + 15 * step
+        signals = Signals(
+            p99=0.183, request_rate=0.5, running=1.0, kv_usage=0.05, pods_reporting=1,
+            sampled_at=t,
+        )  # fmt: skip
+        decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
+                               NOW - 1000, t)  # fmt: skip
+        assert decision.action != "up", decision.reason
+    assert memory.batch is None
+
+
 def test_prompts_slow_only_because_they_are_batched_are_load_not_unreachable() -> None:
     # Saturated: 20k tokens/s served by one replica, each 1000-token prompt spends 2.5-5 s in
     # its prefill phase only because 50 others share its steps. Alone it takes 0.05 s.

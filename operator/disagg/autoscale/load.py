@@ -21,6 +21,9 @@ fits is one the next fluctuation scales back up (a flap)."""
 UNREACHABLE_REPORT: Final = 0.001
 """Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
 UNREACHABLE_MARK: Final = "at any size"
+LONE_SEQUENCES: Final = 2
+"""Sequences per decode replica at or below which a missed TPOT is the step itself (or a
+stall), not the batch: it says nothing about how many sequences a replica holds."""
 """Every unreachable message says so: how status tells a new finding from a repeated one."""
 
 
@@ -169,9 +172,10 @@ def unreachable(
         )
     if signals.p99 is None or signals.running is None or ready == 0:
         return None
-    if signals.p99 > policy.slo * (1 + band) and signals.running / ready <= 2:
+    if signals.p99 > policy.slo * (1 + band) and signals.running / ready <= LONE_SEQUENCES:
         return 1.0, (
-            f"TPOT p99 {signals.p99 * 1000:.0f}ms with at most 2 sequences per replica: the "
+            f"TPOT p99 {signals.p99 * 1000:.0f}ms with at most {LONE_SEQUENCES} sequences per "
+            "replica: the "
             f"decode step alone misses the {policy.slo * 1000:g}ms SLO on TP{tp} "
             f"{UNREACHABLE_MARK}; TP{sizing.tp_to_meet(tp, signals.p99, policy.slo)} would meet it"
         )
@@ -194,6 +198,9 @@ def learn(
         return
     settled = current == ready and since > behavior.window
     if pool != "decode" or not settled or signals.p99 is None or not signals.running:
+        return
+    lone = signals.running / ready <= LONE_SEQUENCES
+    if lone and signals.p99 > policy.slo * (1 + band):
         return
     memory.batch = sizing.learn_batch(
         memory.batch or policy.decode_batch, signals.running / ready, signals.p99, policy.slo, band

@@ -31,7 +31,7 @@ from disagg.sim.scheduler import Scheduler, SimRequest
 
 EngineRole = Literal["prefill", "decode", "both"]
 
-MAX_CATCH_UP: Final = 0.5
+MAX_CATCH_UP: Final = 2.0
 """Wall seconds the timeline may fall behind the host clock. A host that starves the
 simulator for longer is not absorbed: the timeline restarts at the present, and the delay
 shows in latencies (and in disagg_sim_host_lag_seconds)."""
