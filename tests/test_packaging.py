@@ -83,6 +83,26 @@ def test_chart_crd_is_the_generated_one() -> None:
     )
 
 
+def _leaves(values: Any, prefix: str = "") -> list[str]:
+    if isinstance(values, dict) and values:
+        return [leaf for k, v in values.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")]
+
+
+def test_the_chart_readme_documents_every_value() -> None:
+    sys.path.insert(0, str(ROOT / "manifests"))
+    import generate
+
+    assert (CHART / "README.md").read_text() == generate.chart_readme(), "run `make manifests`"
+    values_text = (CHART / "values.yaml").read_text()
+    described = {key: text for key, _, text in generate.values_table(values_text)}
+    for leaf in _leaves(yaml.safe_load(values_text)):
+        parts = leaf.split(".")
+        owners = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+        assert leaf in described, f"values.yaml key {leaf} was not read"
+        assert any(described.get(o) for o in owners), f"values.yaml: say what {leaf} is"
+
+
 def test_argocd_patch_is_generated_from_health_lua() -> None:
     sys.path.insert(0, str(ROOT / "manifests"))
     import generate
