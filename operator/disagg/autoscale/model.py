@@ -73,12 +73,12 @@ class Behavior:
 
 @dataclass
 class PoolMemory:
-    """Recent recommendations (time, replicas) of one pool: the stabilization window's input."""
+    """What one pool's policy remembers between evaluations."""
 
-    recommendations: list[tuple[float, int]] = field(default_factory=list)
-    sustained: list[tuple[float, int]] = field(default_factory=list)
-    """The same recommendations without what only a backlog asked for: a backlog is drained
-    once, it is not load that comes back, so the scale-down look-back remembers these."""
+    recommendations: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time, replicas, sustained): each recommendation, and the same without what only a
+    backlog asked for. A backlog is drained once, it is not load that comes back, so the
+    scale-down look-back reads the sustained one."""
     demand: list[tuple[float, float]] = field(default_factory=list)
     """(time, demand): requests/s reaching a prefill pool, sequences held by a decode pool;
     how fast it moves over one provisioning delay sets the headroom."""
@@ -106,11 +106,9 @@ class PoolMemory:
         self, now: float, replicas: int, horizon: float, sustained: int | None = None
     ) -> None:
         """Note a recommendation, and what of it the load would sustain without a backlog."""
-        self.recommendations.append((now, replicas))
-        self.recommendations = [(t, r) for t, r in self.recommendations if now - t <= horizon]
         kept = replicas if sustained is None else min(replicas, sustained)
-        self.sustained.append((now, kept))
-        self.sustained = [(t, r) for t, r in self.sustained if now - t <= horizon]
+        self.recommendations.append((now, replicas, kept))
+        self.recommendations = [e for e in self.recommendations if now - e[0] <= horizon]
 
     def track(self, now: float, demand: float | None, current: int, ready: int) -> None:
         """Record the demand and how long starting replicas take to become ready."""
@@ -146,11 +144,11 @@ class PoolMemory:
     def window_max(self, now: float, window: float) -> int | None:
         """The largest sustained recommendation of the last ``window`` seconds; None until
         the history covers the window."""
-        if not self.sustained:
+        if not self.recommendations:
             return None
-        if window > 0 and now - self.sustained[0][0] < window:
+        if window > 0 and now - self.recommendations[0][0] < window:
             return None
-        return max(r for t, r in self.sustained if now - t <= window)
+        return max(kept for t, _, kept in self.recommendations if now - t <= window)
 
     def held(
         self, now: float, window: float, *, at_most: int | None = None, at_least: int | None = None
@@ -161,7 +159,7 @@ class PoolMemory:
             return True
         if not self.recommendations or now - self.recommendations[0][0] < window:
             return False
-        recent = [r for t, r in self.recommendations if now - t <= window]
+        recent = [r for t, r, _ in self.recommendations if now - t <= window]
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
