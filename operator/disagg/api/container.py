@@ -201,6 +201,17 @@ def _q(expr: str) -> str:
     return f"quantity(string({expr}))"
 
 
+def _over_maps(template: str, join: str) -> str:
+    """``template`` written once for requests and once for limits (``{map}`` names the map;
+    replaced, not formatted: the name patterns hold regex braces), joined by ``join``."""
+    return join.join(template.replace("{map}", m) for m in ("requests", "limits"))
+
+
+def _each_map(template: str) -> str:
+    """``template`` holds in requests and in limits, where they are set."""
+    return _over_maps("(!has(self.{map}) || " + template + ")", " && ")
+
+
 _NAME_CEL: Final = (
     "k.matches(r'" + QUALIFIED_NAME + "') && "
     "(!k.contains('/') || k.indexOf('/') <= 253) && "
@@ -241,15 +252,13 @@ class ResourceRequirements(ApiModel):
 
     rules: ClassVar = (
         Rule(
-            cel=f"(!has(self.requests) || self.requests.all(k, {_NAME_CEL})) && "
-            f"(!has(self.limits) || self.limits.all(k, {_NAME_CEL}))",
+            cel=_each_map("self.{map}.all(k, " + _NAME_CEL + ")"),
             message="resources: each name must be cpu, memory, ephemeral-storage, "
             "hugepages-<size>, or an extended resource with a domain such as example.com/device",
             check=lambda m: all(resource_name_ok(k) for k in {**m.requests, **m.limits}),
         ),
         Rule(
-            cel=f"!(has(self.requests) && {GPU_RESOURCE!r} in self.requests) && "
-            f"!(has(self.limits) && {GPU_RESOURCE!r} in self.limits)",
+            cel=_over_maps(f"!(has(self.{{map}}) && {GPU_RESOURCE!r} in self.{{map}})", " && "),
             message=f"resources: leave out {GPU_RESOURCE}; the operator requests "
             "tensorParallelSize x dataParallelSize GPUs per replica",
             check=lambda m: GPU_RESOURCE not in m.requests and GPU_RESOURCE not in m.limits,
@@ -263,19 +272,16 @@ class ResourceRequirements(ApiModel):
             check=_within_limits,
         ),
         Rule(
-            cel="(!has(self.requests) || self.requests.all(k, !"
-            + _EXTENDED_CEL
-            + " || !"
-            + _VALID_CEL.format(map="requests")
-            + " || "
-            + _q("self.requests[k]")
-            + ".isInteger())) && (!has(self.limits) || self.limits.all(k, !"
-            + _EXTENDED_CEL
-            + " || !"
-            + _VALID_CEL.format(map="limits")
-            + " || "
-            + _q("self.limits[k]")
-            + ".isInteger())) && (!has(self.requests) || self.requests.all(k, "
+            cel=_each_map(
+                "self.{map}.all(k, !"
+                + _EXTENDED_CEL
+                + " || !"
+                + _VALID_CEL
+                + " || "
+                + _q("self.{map}[k]")
+                + ".isInteger())"
+            )
+            + " && (!has(self.requests) || self.requests.all(k, "
             + _OVERCOMMIT_CEL
             + " || (has(self.limits) && k in self.limits && (!"
             + _VALID_CEL.format(map="requests")
@@ -291,24 +297,16 @@ class ResourceRequirements(ApiModel):
             check=_exact,
         ),
         Rule(
-            cel="(!has(self.requests) || "
-            + _WHOLE_PAGES_CEL.format(map="requests")
-            + ") && (!has(self.limits) || "
-            + _WHOLE_PAGES_CEL.format(map="limits")
-            + ")",
+            cel=_each_map(_WHOLE_PAGES_CEL),
             message="resources: hugepages-<size> must be a whole number of pages of that size "
             "(hugepages-2Mi: 2Mi, 4Mi, 1Gi...)",
             check=_hugepages_whole_pages,
         ),
         Rule(
             cel="!("
-            + _HAS_HUGEPAGES_CEL.format(map="requests")
-            + " || "
-            + _HAS_HUGEPAGES_CEL.format(map="limits")
+            + _over_maps(_HAS_HUGEPAGES_CEL, " || ")
             + ") || "
-            + _HAS_CPU_OR_MEMORY_CEL.format(map="requests")
-            + " || "
-            + _HAS_CPU_OR_MEMORY_CEL.format(map="limits"),
+            + _over_maps(_HAS_CPU_OR_MEMORY_CEL, " || "),
             message="resources: hugepages need cpu or memory set beside them",
             check=_hugepages_beside_cpu_or_memory,
         ),
