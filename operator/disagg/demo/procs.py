@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,10 @@ def start(
 
 
 def long_prompt(tokens: int) -> str:
-    return "abcd" * tokens  # four characters per estimated token
+    """A prompt of ``tokens`` estimated tokens (four characters each) that shares no prefix
+    block with any other: engines cache prefixes and the router follows them, so a load
+    that repeated one prompt would measure neither prefill nor routing."""
+    return (uuid.uuid4().hex + "abcd" * tokens)[: 4 * tokens]
 
 
 class Timeout(AssertionError):

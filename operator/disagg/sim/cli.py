@@ -67,9 +67,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     eng.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="reuse cached prompt blocks, as vLLM does by default (off here: synthetic loads "
-        "repeat one prompt, and would measure no prefill at all)",
+        default=True,
+        help="reuse cached prompt blocks, on by default as in vLLM (a load that repeats one "
+        "prompt then measures almost no prefill; --no-enable-prefix-caching turns it off)",
     )
     eng.add_argument(
         "--block-size", type=_positive(int), default=16, help="tokens per prefix-cache block"

@@ -226,17 +226,29 @@ class Engine:
         self._block_counter += count
         return [list(range(start, start + count))]
 
+    def cached_tokens(self, block_hashes: tuple[bytes, ...]) -> int:
+        """Prompt tokens whose KV this engine's prefix cache holds already."""
+        cache = self.scheduler.prefix_cache
+        if cache is None:
+            return 0
+        return cache.cached_prefix(block_hashes) * self.config.block_size
+
     async def load_remote_kv(
-        self, host: str, port: int, request_id: str, prompt_tokens: int
+        self, host: str, port: int, request_id: str, prompt_tokens: int, cached_tokens: int = 0
     ) -> None:
-        """Pull the prompt KV from a prefill engine, taking the modelled transfer time."""
+        """Pull the prompt KV from a prefill engine, less what the prefix cache holds, taking
+        the modelled transfer time; the bytes a real engine would move go to vLLM's
+        ``nixl_bytes_transferred`` (a full hit moves none and observes nothing, as there)."""
         started = time.monotonic()
-        await fetch(host, port, request_id, read_timeout=30.0)
-        modelled = (
-            transfer_time(self.config.shape, prompt_tokens, self.config.network)
-            * self.config.time_scale
+        moved = max(0, prompt_tokens - cached_tokens)
+        await fetch(host, port, request_id, read_timeout=30.0, cached_tokens=cached_tokens)
+        if moved == 0:
+            return
+        self.metrics.nixl_bytes.labels(**self.metrics.labels).observe(
+            moved * self.config.shape.kv_bytes_per_token
         )
-        remaining = modelled - (time.monotonic() - started)
+        modelled = transfer_time(self.config.shape, moved, self.config.network)
+        remaining = modelled * self.config.time_scale - (time.monotonic() - started)
         if remaining > 0:
             await asyncio.sleep(remaining)
 

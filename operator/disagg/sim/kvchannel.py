@@ -2,8 +2,11 @@
 
 Real bytes cross a real TCP connection (sized by the model's KV bytes per token, scaled down
 by a factor so tests stay small). The protocol is one line each way:
-``GET <request id>`` answered by ``OK <nbytes>`` plus the bytes, or ``ERR <reason>`` when the
-lease expired or never existed, which the decode side reports as a failed KV load.
+``GET <request id> <cached tokens>`` answered by ``OK <nbytes>`` plus the bytes of the
+tokens after the ones the decode side already holds in its prefix cache (vLLM's NIXL
+connector reads only the blocks it has not computed; a full hit reads none and only releases
+the lease), or ``ERR <reason>`` when the lease expired or never existed, which the decode
+side reports as a failed KV load.
 """
 
 from __future__ import annotations
@@ -87,7 +90,8 @@ class KvLender:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = (await asyncio.wait_for(reader.readline(), 10)).decode().strip()
-            verb, _, request_id = line.partition(" ")
+            verb, _, rest = line.partition(" ")
+            request_id, _, cached = rest.rpartition(" ")  # ids may hold spaces; counts not
             self.expire()
             lease = self._leases.pop(request_id, None) if verb == "GET" else None
             if lease is None and request_id in self._pending:
@@ -95,8 +99,8 @@ class KvLender:
             elif lease is None:
                 writer.write(b"ERR expired or unknown request\n")
             else:
-                writer.write(f"OK {lease.nbytes}\n".encode())
-                remaining = lease.nbytes
+                remaining = _uncached_bytes(lease, cached)
+                writer.write(f"OK {remaining}\n".encode())
                 block = b"\x5a" * CHUNK
                 while remaining > 0:
                     n = min(CHUNK, remaining)
@@ -113,8 +117,19 @@ class KvLender:
                 await writer.wait_closed()
 
 
-async def fetch(host: str, port: int, request_id: str, read_timeout: float) -> int:
-    """Pull a lent KV cache; returns the bytes received or raises KvFetchError."""
+def _uncached_bytes(lease: Lease, cached: str) -> int:
+    """The lease's bytes after the first ``cached`` tokens (a malformed count reads as 0)."""
+    held = int(cached) if cached.isdigit() else 0
+    if lease.tokens <= 0 or held <= 0:
+        return lease.nbytes
+    return lease.nbytes * max(0, lease.tokens - held) // lease.tokens
+
+
+async def fetch(
+    host: str, port: int, request_id: str, read_timeout: float, cached_tokens: int = 0
+) -> int:
+    """Pull a lent KV cache, less its first ``cached_tokens`` tokens; returns the bytes
+    received or raises KvFetchError."""
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port), CONNECT_TIMEOUT
@@ -122,7 +137,7 @@ async def fetch(host: str, port: int, request_id: str, read_timeout: float) -> i
     except (OSError, TimeoutError) as error:
         raise KvFetchError(f"cannot reach the prefill KV channel {host}:{port}: {error}") from error
     try:
-        writer.write(f"GET {request_id}\n".encode())
+        writer.write(f"GET {request_id} {max(0, cached_tokens)}\n".encode())
         await writer.drain()
         header = (await asyncio.wait_for(reader.readline(), read_timeout)).decode().strip()
         if header == "ERR pending":

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 
 LABELS: Final = ("model_name", "engine")
+NIXL_BYTES_BUCKETS: Final = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+"""vLLM's: 2 KiB to 8 GiB, a power of four apart (modelled bytes, not the scaled ones sent)."""
 HOST_LAG_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -108,10 +110,18 @@ class EngineMetrics:
             LABELS,
             registry=r,
         )
+        self.nixl_bytes = Histogram(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            LABELS,
+            buckets=NIXL_BYTES_BUCKETS,
+            registry=r,
+        )
         self._prefix_seen = (0, 0)
         for metric in (
             self.prefix_cache_queries,
             self.prefix_cache_hits,
+            self.nixl_bytes,
             self.running,
             self.waiting,
             self.kv_usage,

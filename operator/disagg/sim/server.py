@@ -158,6 +158,9 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         return error(
             400, "this engine is a KV producer (prefill); it cannot serve do_remote_prefill"
         )
+    blocks = (
+        tuple(block_hashes(prompt_units(body), config.block_size)) if config.prefix_caching else ()
+    )
     if remote_prefill:
         missing = [k for k in REQUIRED_DECODE_PARAMS if params.get(k) in (None, "")]
         if missing:
@@ -168,6 +171,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
                 int(params["remote_port"]),
                 str(params["remote_request_id"]),
                 prompt_tokens,
+                cached_tokens=engine.cached_tokens(blocks),
             )
         except KvFetchError as failure:
             return error(
@@ -192,9 +196,6 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             except KvFetchError as failure:
                 return error(500, f"KV transfer failed: {failure}", "InternalServerError")
             remote_prefill = True
-    blocks = (
-        tuple(block_hashes(prompt_units(body), config.block_size)) if config.prefix_caching else ()
-    )
     sim = SimRequest(
         id=internal_id,
         prompt_tokens=prompt_tokens,
