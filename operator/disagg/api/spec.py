@@ -181,6 +181,24 @@ class PoolSpec(ApiModel):
         return self.tensor_parallel_size * self.data_parallel_size
 
 
+class LocalPrefillSpec(ApiModel):
+    """When the decode engine holding most of a prompt prefills the rest itself."""
+
+    max_uncached_tokens: int = Field(
+        default=512,
+        ge=0,
+        le=2**31 - 1,
+        description="The decode engine prefills a prompt itself when at most this many of "
+        "its tokens are not already cached there; 0 turns local prefill off.",
+    )
+    min_cached_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="... and at least this fraction of the prompt is cached there.",
+    )
+
+
 class RouterSpec(ApiModel):
     """The OpenAI-compatible front door that sends each request to prefill, then decode."""
 
@@ -202,10 +220,19 @@ class RouterSpec(ApiModel):
         description="Prompts shorter than this (in tokens) skip the prefill pool and go "
         "straight to decode; 0 sends every request through prefill.",
     )
-    policy: Literal["least-outstanding", "round-robin", "prefix-affinity"] = Field(
-        default="least-outstanding",
-        description="How a worker is picked: least outstanding requests (power of two "
-        "choices), round robin, or prefix affinity.",
+    policy: Literal["cache-aware", "least-outstanding", "round-robin", "prefix-affinity"] = Field(
+        default="cache-aware",
+        description="How a worker is picked. cache-aware: the engine the router sent the "
+        "prompt's leading blocks to before (it likely still caches them), unless that engine "
+        "is overloaded, else as least-outstanding; on single-shot traffic with no shared "
+        "prefix it is least-outstanding. least-outstanding: the less busy of two at random. "
+        "round-robin. prefix-affinity: a hash of the prompt's first 256 characters.",
+    )
+    local_prefill: LocalPrefillSpec = Field(
+        default_factory=LocalPrefillSpec,
+        description="With the cache-aware policy (vLLM backend): when a decode engine "
+        "computes a follow-up turn's prompt itself instead of fetching its KV from the "
+        "prefill pool, decided on the part of the prompt it does not hold.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Router CPU and memory."

@@ -34,6 +34,18 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--decode-selector", pool_selector(ctx.name, "decode"),
         "--pd-threshold", str(spec.router.prefill_threshold_tokens),
         "--policy", spec.router.policy,
+        *_local_prefill_args(ctx),
+    ]  # fmt: skip
+
+
+def _local_prefill_args(ctx: RenderContext) -> list[str]:
+    router = ctx.model.spec.router
+    if router.policy != "cache-aware":
+        return []
+    local = router.local_prefill
+    return [
+        "--local-prefill-max-tokens", str(local.max_uncached_tokens),
+        "--local-prefill-min-cached", f"{local.min_cached_fraction:g}",
     ]  # fmt: skip
 
 

@@ -13,9 +13,11 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from disagg.router.affinity import DEFAULT_BUDGET, LocalPrefill
 from disagg.router.deadline import HeaderDeadline
-from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.endpoints import POLICIES, Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
+from disagg.router.prompt_blocks import DEFAULT_BLOCK_SIZE, TokenizerUnavailable, prompt_reader
 from disagg.router.proxy import Router, RouterConfig, build_app
 
 
@@ -59,8 +61,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     cmd.add_argument(
         "--policy",
-        choices=("least-outstanding", "round-robin", "prefix-affinity"),
-        default="least-outstanding",
+        choices=POLICIES,
+        default="cache-aware",
+        help="how an engine is picked: where the router sent the prompt's leading blocks "
+        "before unless it is overloaded, else the less busy of two (cache-aware); by load "
+        "alone (least-outstanding); round-robin; or a hash of the prompt's start",
+    )
+    cmd.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="the model's tokenizer.json (or its directory) for cache-aware block counts "
+        "(default: four characters per token)",
+    )
+    cmd.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="tokens per KV block, as the engines use (cache-aware)",
+    )
+    cmd.add_argument(
+        "--local-prefill-max-tokens",
+        type=int,
+        default=LocalPrefill.max_uncached_tokens,
+        help="a decode engine holding all but this many of a prompt's tokens prefills it "
+        "itself, without the prefill pool (cache-aware; 0: never)",
+    )
+    cmd.add_argument(
+        "--local-prefill-min-cached",
+        type=float,
+        default=LocalPrefill.min_cached_fraction,
+        help="... and holding at least this fraction of the prompt",
+    )
+    cmd.add_argument(
+        "--affinity-blocks",
+        type=int,
+        default=DEFAULT_BUDGET,
+        help="prompt blocks the router remembers per pool (cache-aware; about 120 bytes each)",
     )
     cmd.add_argument(
         "--prefill-timeout", type=float, default=60.0, help="seconds before a prefill is retried"
@@ -109,6 +145,12 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"--{flag.replace('_', '-')} must be a positive number of seconds"
     if args.max_upstream_connections < 1 or args.max_body_bytes < 1:
         return "--max-upstream-connections and --max-body-bytes must be at least 1"
+    if args.block_size < 1 or args.affinity_blocks < 1:
+        return "--block-size and --affinity-blocks must be at least 1"
+    if args.local_prefill_max_tokens < 0:
+        return f"--local-prefill-max-tokens must be >= 0, got {args.local_prefill_max_tokens}"
+    if not 0 <= args.local_prefill_min_cached <= 1:
+        return f"--local-prefill-min-cached must be in [0, 1], got {args.local_prefill_min_cached}"
     return None
 
 
@@ -124,8 +166,19 @@ async def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         body_timeout=args.body_timeout,
         max_upstream_connections=args.max_upstream_connections,
+        local_prefill=(
+            LocalPrefill(args.local_prefill_max_tokens, args.local_prefill_min_cached)
+            if args.local_prefill_max_tokens > 0
+            else None
+        ),
     )
-    router = Router(config, prefill, decode, Picker(args.policy), RouterMetrics())
+    try:
+        prompts = prompt_reader(args.tokenizer, args.block_size)
+    except TokenizerUnavailable as problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    picker = Picker(args.policy, affinity_budget=args.affinity_blocks)
+    router = Router(config, prefill, decode, picker, RouterMetrics(), prompts=prompts)
     tasks: list[asyncio.Task[None]] = []
     client = None
     if args.discover:
@@ -165,11 +218,13 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     )
     logging.getLogger("disagg.router").info(
-        "Router listening on %s:%d (%s, threshold %d tokens)",
+        "Router listening on %s:%d (%s, threshold %d tokens, %s%s)",
         args.host,
         args.port,
         args.backend,
         args.pd_threshold,
+        args.policy,
+        f", {prompts.description}" if picker.cache_aware else "",
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

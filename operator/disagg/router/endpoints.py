@@ -1,9 +1,11 @@
 """Worker endpoints of a pool and how one is picked (pure apart from the random source).
 
-The default is least outstanding requests with power-of-two choices: sample two healthy
-endpoints, take the one with fewer requests in flight. Prefix affinity hashes the start of
-the prompt onto a stable endpoint so a shared prefix keeps hitting the same prefix cache,
-falling back to least-outstanding when that endpoint is much busier than the rest.
+Least outstanding requests uses power-of-two choices: sample two healthy endpoints, take
+the one with fewer requests in flight. Cache-aware (:mod:`disagg.router.affinity`) sends a
+request where the router sent its prompt's leading blocks before, unless that engine is
+overloaded, and is least-outstanding otherwise. Prefix affinity hashes the start of the
+prompt onto a stable endpoint, falling back to least-outstanding when that endpoint is much
+busier than the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
+from disagg.router.affinity import AffinityRecord, choose
+from disagg.router.prompt_blocks import Prompt
+
+POLICIES: Final = ("cache-aware", "least-outstanding", "round-robin", "prefix-affinity")
 PREFIX_CHARS: Final = 256
 AFFINITY_SLACK: Final = 4
 
@@ -69,17 +75,70 @@ class Pool:
 class Picker:
     """Chooses an endpoint of a pool for a request."""
 
-    def __init__(self, policy: str, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, policy: str, rng: random.Random | None = None, affinity_budget: int | None = None
+    ) -> None:
         self.policy = policy
         self._rng = rng or random.Random()
         self._turn = itertools.count()
+        self._affinity_budget = affinity_budget
+        self.records: dict[str, AffinityRecord] = {}
+        """Cache-aware policy: what was sent where, per pool role."""
+
+    @property
+    def cache_aware(self) -> bool:
+        return self.policy == "cache-aware"
+
+    def record(self, pool: Pool) -> AffinityRecord:
+        record = self.records.get(pool.role)
+        if record is None:
+            budget = self._affinity_budget
+            record = self.records[pool.role] = (
+                AffinityRecord() if budget is None else AffinityRecord(budget)
+            )
+        if record.engines - pool.endpoints.keys():  # engines gone since the last request
+            record.retain(pool.endpoints.keys())
+        return record
+
+    def held(self, pool: Pool, endpoint: Endpoint, prompt: Prompt | None) -> int:
+        """Leading prompt blocks the router sent to ``endpoint`` before (cache-aware only)."""
+        if prompt is None or not self.cache_aware:
+            return 0
+        return self.record(pool).held(endpoint.url, prompt.blocks)
+
+    def note(self, pool: Pool, endpoint: Endpoint, prompt: Prompt | None) -> None:
+        """``endpoint`` was sent this prompt: it will hold its blocks."""
+        if prompt is not None and self.cache_aware:
+            self.record(pool).note(endpoint.url, prompt.blocks)
+
+    def describe(self, pool: Pool) -> list[dict[str, object]]:
+        """What the router knows of each endpoint (``/debug/endpoints``)."""
+        rows: list[dict[str, object]] = []
+        for e in sorted(pool.endpoints.values(), key=lambda e: e.url):
+            row: dict[str, object] = {
+                "url": e.url, "name": e.name, "in_flight": e.in_flight, "draining": e.draining
+            }  # fmt: skip
+            if self.cache_aware:
+                row["cached_blocks"] = self.record(pool).blocks(e.url)
+            rows.append(row)
+        return rows
 
     def pick(
-        self, pool: Pool, prefix: str = "", exclude: set[str] | None = None
+        self,
+        pool: Pool,
+        prefix: str = "",
+        exclude: set[str] | None = None,
+        prompt: Prompt | None = None,
     ) -> Endpoint | None:
         candidates = sorted(pool.available(exclude or set()), key=lambda e: e.url)
         if not candidates:
             return None
+        if self.cache_aware and prompt is not None:
+            by_url = {e.url: e for e in candidates}
+            choice = choose(
+                [(e.url, e.in_flight) for e in candidates], self.record(pool), prompt, self._rng
+            )
+            return by_url[choice.url] if choice is not None else None
         if self.policy == "round-robin":
             return candidates[next(self._turn) % len(candidates)]
         if self.policy == "prefix-affinity" and prefix:

@@ -28,8 +28,11 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from disagg.router import protocol
+from disagg.router.affinity import LocalPrefill, decode_alone
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
+from disagg.router.prompt_blocks import CharacterReader, Prompt, PromptReader
+from disagg.router.relay import UpstreamError, relay
 from disagg.sim.tokens import estimate_tokens
 
 log = logging.getLogger("disagg.router")
@@ -58,6 +61,8 @@ class RouterConfig:
     """Seconds a client may take to send its request body (slow clients are cut off)."""
     max_upstream_connections: int = 1024
     """Open connections to the engines at most; more requests wait for a free one."""
+    local_prefill: LocalPrefill | None = field(default_factory=LocalPrefill)
+    """Cache-aware routing: when a decode engine prefills a follow-up itself (None: never)."""
 
 
 @dataclass
@@ -71,13 +76,27 @@ class Router:
     metrics: RouterMetrics
     session: aiohttp.ClientSession | None = None
     rng: random.Random = field(default_factory=random.Random)
+    prompts: PromptReader = field(default_factory=CharacterReader)
+    """How prompts become tokens and blocks (cache-aware routing)."""
 
 
 ROUTER_KEY = web.AppKey("router", Router)
 
 
-class UpstreamError(Exception):
-    """An engine failed before the client saw anything: safe to retry elsewhere."""
+@dataclass(frozen=True)
+class Call:
+    """One client request as the handlers pass it along."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    """What is forwarded to the engines."""
+    request_id: str
+    arrival: float
+    prefix: str
+    """The prompt's start, for prefix affinity."""
+    prompt: Prompt | None
+    """Token count and block hashes, for cache-aware routing (None under other policies)."""
 
 
 class EngineRejected(Exception):
@@ -110,14 +129,12 @@ def _prompt_prefix(body: dict[str, Any]) -> str:
     return str(body.get("prompt", ""))[:512]
 
 
-async def _prefill(
-    router: Router, path: str, body: dict[str, Any], headers: dict[str, str], prefix: str
-) -> dict[str, Any] | None:
+async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
     """Run the prefill step on up to two engines; the returned kv_transfer_params, or None."""
     assert router.session is not None
     tried: set[str] = set()
     for _ in range(2):
-        endpoint = router.picker.pick(router.prefill, prefix, tried)
+        endpoint = router.picker.pick(router.prefill, call.prefix, tried, call.prompt)
         if endpoint is None:
             return None
         tried.add(endpoint.url)
@@ -126,9 +143,9 @@ async def _prefill(
             try:
                 timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
                 async with router.session.post(
-                    endpoint.url + path,
-                    json=protocol.prefill_request(body),
-                    headers=headers,
+                    endpoint.url + call.path,
+                    json=protocol.prefill_request(call.body),
+                    headers=call.headers,
                     timeout=timeout,
                 ) as response:
                     raw = await response.read()
@@ -144,6 +161,7 @@ async def _prefill(
                 if not isinstance(params, dict):
                     raise UpstreamError("the prefill response carries no kv_transfer_params")
                 router.metrics.prefill_seconds.observe(time.monotonic() - started)
+                router.picker.note(router.prefill, endpoint, call.prompt)
                 return params
             except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
                 _note_failure(endpoint, failure)
@@ -151,7 +169,7 @@ async def _prefill(
                 log.warning(
                     "Prefill on %s failed for %s: %r",
                     endpoint.url,
-                    headers.get("X-Request-Id"),
+                    call.request_id,
                     failure,
                 )
     return None
@@ -175,83 +193,31 @@ async def _open_decode(
     return response
 
 
-async def _relay(
-    request: web.Request,
-    router: Router,
-    upstream: aiohttp.ClientResponse,
-    stream: bool,
-    route: str,
-    request_id: str,
-    arrival: float,
-) -> web.StreamResponse:
-    """Copy the decode engine's answer to the client, measuring what the user sees."""
-    headers = {"X-Request-Id": request_id, "X-Disagg-Path": route}
-    if not stream or upstream.status != 200:
-        try:
-            body = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as failure:  # nothing sent yet: retry
-            raise UpstreamError(f"the answer broke off: {failure!r}") from failure
-        router.metrics.ttft.observe(time.monotonic() - arrival)
-        ctype = upstream.headers.get("Content-Type", "application/json")
-        return web.Response(
-            body=body, status=upstream.status, headers={**headers, "Content-Type": ctype}
-        )
-    response = web.StreamResponse(
-        status=200,
-        headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-    )
-    await response.prepare(request)
-    last: float | None = None
-    try:
-        async for data in upstream.content.iter_any():
-            now = time.monotonic()
-            events = data.count(b"data: {")
-            if events:
-                if last is None:
-                    router.metrics.ttft.observe(now - arrival)
-                    events -= 1
-                else:
-                    for _ in range(events):
-                        router.metrics.itl.observe((now - last) / events)
-                last = now
-            await response.write(data)
-    except (aiohttp.ClientError, TimeoutError) as failure:
-        router.metrics.upstream_failures.labels(role="decode").inc()
-        message = {
-            "error": {
-                "message": f"the decode engine failed mid-stream: {failure!r}",
-                "type": "InternalServerError",
-                "param": None,
-                "code": 502,
-            }
-        }
-        await response.write(f"data: {json.dumps(message)}\n\ndata: [DONE]\n\n".encode())
-    await response.write_eof()
-    return response
+def _warn_decode(endpoint: Endpoint, call: Call, failure: BaseException) -> None:
+    log.warning("Decode on %s failed for %s: %r", endpoint.url, call.request_id, failure)
 
 
 async def _decode(
     request: web.Request,
     router: Router,
-    path: str,
-    body: dict[str, Any],
+    call: Call,
     kv_params: dict[str, Any] | None,
-    headers: dict[str, str],
     route: str,
-    prefix: str,
-    request_id: str,
-    arrival: float,
+    preferred: Endpoint | None = None,
 ) -> web.StreamResponse:
+    """Serve the request on a decode engine (``preferred`` first), retrying others."""
     tried: set[str] = set()
     attempts: list[dict[str, Any] | None] = [kv_params, kv_params, kv_params]
     if kv_params is not None:
         attempts.append(None)  # last resort: the decode engine prefills itself
     for params in attempts:
-        endpoint = router.picker.pick(router.decode, prefix, tried)
+        endpoint = preferred if preferred is not None and not tried else None
+        if endpoint is None or endpoint not in router.decode.available():
+            endpoint = router.picker.pick(router.decode, call.prefix, tried, call.prompt)
         if endpoint is None:
             if tried:
                 tried.clear()  # every engine failed once; the fallback may retry any of them
-                endpoint = router.picker.pick(router.decode, prefix, tried)
+                endpoint = router.picker.pick(router.decode, call.prefix, tried, call.prompt)
             if endpoint is None:
                 break
         tried.add(endpoint.url)
@@ -260,20 +226,31 @@ async def _decode(
         with router.metrics.track(endpoint, "decode"):
             try:
                 upstream = await _open_decode(
-                    router, endpoint, path, protocol.decode_request(body, params), headers
+                    router,
+                    endpoint,
+                    call.path,
+                    protocol.decode_request(call.body, params),
+                    call.headers,
                 )
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
                 _note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="decode").inc()
-                log.warning("Decode on %s failed for %s: %r", endpoint.url, request_id, failure)
+                _warn_decode(endpoint, call, failure)
                 continue
+            router.picker.note(router.decode, endpoint, call.prompt)
             try:
-                response = await _relay(
-                    request, router, upstream, bool(body.get("stream")), route, request_id, arrival
+                response = await relay(
+                    request,
+                    router.metrics,
+                    upstream,
+                    bool(call.body.get("stream")),
+                    route,
+                    call.request_id,
+                    call.arrival,
                 )
             except UpstreamError as failure:
                 router.metrics.upstream_failures.labels(role="decode").inc()
-                log.warning("Decode on %s failed for %s: %r", endpoint.url, request_id, failure)
+                _warn_decode(endpoint, call, failure)
                 continue
             finally:
                 upstream.release()
@@ -283,6 +260,35 @@ async def _decode(
     return error_response(
         503, "no decode engine could serve the request", "ServiceUnavailableError"
     )
+
+
+async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.StreamResponse:
+    """Decode alone when the chosen decode engine can (a short prompt, or one it mostly
+    holds already), else prefill first and hand the KV over."""
+    config, picker = router.config, router.picker
+    preferred, route = None, None
+    if call.prompt is not None:
+        preferred = picker.pick(router.decode, call.prefix, None, call.prompt)
+        held = picker.held(router.decode, preferred, call.prompt) if preferred else 0
+        route = decode_alone(
+            call.prompt, held, router.prompts.block_size, config.pd_threshold, config.local_prefill
+        )
+    elif estimate_tokens(call.body) < config.pd_threshold:
+        route = "skipped"
+    kv_params = None
+    if route is None:
+        # A prompt long enough for prefill that decode serves alone is a fallback, whether
+        # the prefill failed or no prefill engine is there to try: both mean an outage.
+        route = "fallback"
+        if router.prefill.available():
+            try:
+                kv_params = await _prefill(router, call)
+            except EngineRejected as rejected:
+                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+                return rejected.response({"X-Request-Id": call.request_id})
+            if kv_params is not None:
+                route = "disaggregated"
+    return await _decode(request, router, call, kv_params, route, preferred)
 
 
 async def handle(request: web.Request, kind: str, path: str) -> web.StreamResponse:
@@ -311,30 +317,13 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     headers = {k: request.headers[k] for k in PASSED_HEADERS if k in request.headers}
     headers["X-Request-Id"] = request_id
-    prefix = _prompt_prefix(body)
+    prompt = router.prompts.read(body) if router.picker.cache_aware else None
+    call = Call(path, body, headers, request_id, arrival, _prompt_prefix(body), prompt)
     if router.config.backend == "sglang":
         from disagg.router.sglang import handle_sglang
 
-        return await handle_sglang(
-            request, router, path, body, headers, prefix, request_id, arrival
-        )
-    route = "skipped"
-    kv_params = None
-    if estimate_tokens(body) >= router.config.pd_threshold:
-        # A prompt long enough for prefill that decode serves alone is a fallback, whether
-        # the prefill failed or no prefill engine is there to try: both mean an outage.
-        route = "fallback"
-        if router.prefill.available():
-            try:
-                kv_params = await _prefill(router, path, body, headers, prefix)
-            except EngineRejected as rejected:
-                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
-                return rejected.response({"X-Request-Id": request_id})
-            if kv_params is not None:
-                route = "disaggregated"
-    return await _decode(
-        request, router, path, body, kv_params, headers, route, prefix, request_id, arrival
-    )
+        return await handle_sglang(request, router, call)
+    return await _serve_vllm(request, router, call)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -361,13 +350,12 @@ async def health(request: web.Request) -> web.Response:
 async def endpoints(request: web.Request) -> web.Response:
     """The router's view of both pools (for operators and tests)."""
     router = request.app[ROUTER_KEY]
-    view = {
-        pool.role: [
-            {"url": e.url, "name": e.name, "in_flight": e.in_flight, "draining": e.draining}
-            for e in sorted(pool.endpoints.values(), key=lambda e: e.url)
-        ]
-        for pool in (router.prefill, router.decode)
+    view: dict[str, Any] = {
+        pool.role: router.picker.describe(pool) for pool in (router.prefill, router.decode)
     }
+    view["policy"] = router.picker.policy
+    if router.picker.cache_aware:
+        view["tokenizer"] = router.prompts.description
     return web.json_response(view)
 
 

@@ -24,14 +24,14 @@ from aiohttp import web
 from disagg.router import protocol
 from disagg.router.proxy import (
     RETRIABLE_CLIENT_ERRORS,
+    Call,
     EngineRejected,
     Router,
-    UpstreamError,
     _note_failure,
     _open_decode,
-    _relay,
     error_response,
 )
+from disagg.router.relay import UpstreamError, relay
 
 log = logging.getLogger("disagg.router.sglang")
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -69,22 +69,16 @@ async def _decode_unless_prefill_fails(
     return await decode
 
 
-async def handle_sglang(
-    request: web.Request,
-    router: Router,
-    path: str,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    prefix: str,
-    request_id: str,
-    arrival: float,
-) -> web.StreamResponse:
+async def handle_sglang(request: web.Request, router: Router, call: Call) -> web.StreamResponse:
+    path, body, headers, request_id = call.path, call.body, call.headers, call.request_id
     tried: set[str] = set()
     for _ in range(2):
-        prefill = router.picker.pick(router.prefill, prefix, tried)
-        decode = router.picker.pick(router.decode, prefix)
+        prefill = router.picker.pick(router.prefill, call.prefix, tried, call.prompt)
+        decode = router.picker.pick(router.decode, call.prefix, None, call.prompt)
         if prefill is None or decode is None:
             break
+        router.picker.note(router.prefill, prefill, call.prompt)
+        router.picker.note(router.decode, decode, call.prompt)
         tried.add(prefill.url)
         room = router.rng.randint(0, 2**63 - 1)
         paired = protocol.sglang_request(
@@ -117,14 +111,14 @@ async def handle_sglang(
                 )
                 continue
             try:
-                response = await _relay(
+                response = await relay(
                     request,
-                    router,
+                    router.metrics,
                     upstream,
                     bool(body.get("stream")),
                     "disaggregated",
                     request_id,
-                    arrival,
+                    call.arrival,
                 )
             finally:
                 upstream.release()
