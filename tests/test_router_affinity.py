@@ -224,3 +224,23 @@ async def test_a_conversation_stays_on_its_decode_engine_and_prefills_there(stac
     assert await _send(client, unrelated) == "disaggregated", "nothing cached: the P/D path"
     text = await (await client.get("/metrics")).text()
     assert re.search(r'disagg_router_requests_total\{code="200",path="local-prefill"\} 2\.0', text)
+
+
+async def test_the_answer_is_cached_too_so_a_long_answer_stays_local(stack: Stack) -> None:
+    client, engines = stack
+    body = _chat("Walk me through a rollout of the decode pool, step by step. " * 14)
+    body["max_tokens"] = 400
+    response = await client.post("/v1/chat/completions", json=body)
+    assert response.headers["X-Disagg-Path"] == "disaggregated"
+    answer = (await response.json())["choices"][0]["message"]["content"]
+    assert len(answer) > 4 * 520, "the answer alone is over the 512-token local-prefill limit"
+    body["messages"] += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Thanks, and the rollback?"},
+    ]
+    body["max_tokens"] = 4
+    hits_before = sum(e.scheduler.prefix_hits for e in engines.values())
+    assert await _send(client, body) == "local-prefill", "router and engine both hold the answer"
+    hits = sum(e.scheduler.prefix_hits for e in engines.values()) - hits_before
+    prompt = CharacterReader().read(body).tokens
+    assert hits >= prompt - 2 * 16 - 8, "all but the new question's blocks were cached"

@@ -8,6 +8,10 @@ from disagg.naming import child_name, labels, pool_selector, router_service_acco
 from disagg.render.common import Manifest, RenderContext, object_meta
 from disagg.versions import DEFAULT_ROUTER_IMAGE
 
+DRAIN_SECONDS: Final = 60
+"""How long a stopping router keeps serving the requests it has (``--drain-timeout``)."""
+DEREGISTER_SECONDS: Final = 5
+"""preStop pause before SIGTERM, so Services stop sending to the pod before it stops listening."""
 _DEFAULT_RESOURCES: Final[Manifest] = {
     "requests": {"cpu": "500m", "memory": "512Mi"},
     "limits": {"memory": "1Gi"},
@@ -34,6 +38,7 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--decode-selector", pool_selector(ctx.name, "decode"),
         "--pd-threshold", str(spec.router.prefill_threshold_tokens),
         "--policy", spec.router.policy,
+        "--drain-timeout", str(DRAIN_SECONDS),
         *_local_prefill_args(ctx),
     ]  # fmt: skip
 
@@ -82,6 +87,7 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
         "resources": _resources(ctx),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": DEREGISTER_SECONDS}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -102,6 +108,9 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
                 "spec": {
                     "serviceAccountName": router_service_account(ctx.name),
                     "enableServiceLinks": False,
+                    # A router being replaced finishes its streams (a rollout or a node drain
+                    # loses no request); only its cache-affinity record is lost.
+                    "terminationGracePeriodSeconds": DEREGISTER_SECONDS + DRAIN_SECONDS + 5,
                     # Replicas on different nodes where there are any: one node going away
                     # must not take the model's only front door with it.
                     "topologySpreadConstraints": [

@@ -121,6 +121,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seconds an idle keep-alive client connection stays open",
     )
     cmd.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=60.0,
+        help="on SIGTERM, seconds to let requests in flight finish before they are cut",
+    )
+    cmd.add_argument(
         "--max-upstream-connections",
         type=int,
         default=1024,
@@ -140,7 +146,13 @@ def _check(args: argparse.Namespace) -> str | None:
         return "give --decode URL [URL ...] (and --prefill URL ...), or --discover"
     if args.pd_threshold < 0:
         return f"--pd-threshold must be >= 0, got {args.pd_threshold}"
-    for flag in ("header_timeout", "body_timeout", "idle_timeout", "prefill_timeout"):
+    for flag in (
+        "header_timeout",
+        "body_timeout",
+        "idle_timeout",
+        "prefill_timeout",
+        "drain_timeout",
+    ):
         if not getattr(args, flag) > 0:
             return f"--{flag.replace('_', '-')} must be a positive number of seconds"
     if args.max_upstream_connections < 1 or args.max_body_bytes < 1:
@@ -198,6 +210,7 @@ async def _serve(args: argparse.Namespace) -> int:
         access_log=None,
         handler_cancellation=True,
         keepalive_timeout=args.idle_timeout,
+        shutdown_timeout=args.drain_timeout,
     )
     await runner.setup()
     try:

@@ -32,8 +32,8 @@ from disagg.router.affinity import LocalPrefill, decode_alone
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import CharacterReader, Prompt, PromptReader
-from disagg.router.relay import UpstreamError, relay
-from disagg.sim.tokens import estimate_tokens
+from disagg.router.relay import Answer, UpstreamError, relay
+from disagg.sim.tokens import continuation, estimate_tokens
 
 log = logging.getLogger("disagg.router")
 PASSED_HEADERS = ("Authorization", "X-Request-Id")
@@ -197,6 +197,13 @@ def _warn_decode(endpoint: Endpoint, call: Call, failure: BaseException) -> None
     log.warning("Decode on %s failed for %s: %r", endpoint.url, call.request_id, failure)
 
 
+def _note_answer(router: Router, endpoint: Endpoint, call: Call, text: str) -> None:
+    """The decode engine caches what it generated too: a follow-up turn starts with it."""
+    follow_up = continuation(call.body, text)
+    if follow_up is not None:
+        router.picker.note(router.decode, endpoint, router.prompts.read(follow_up))
+
+
 async def _decode(
     request: web.Request,
     router: Router,
@@ -238,6 +245,7 @@ async def _decode(
                 _warn_decode(endpoint, call, failure)
                 continue
             router.picker.note(router.decode, endpoint, call.prompt)
+            answer = Answer() if call.prompt is not None else None
             try:
                 response = await relay(
                     request,
@@ -247,6 +255,7 @@ async def _decode(
                     route,
                     call.request_id,
                     call.arrival,
+                    answer,
                 )
             except UpstreamError as failure:
                 router.metrics.upstream_failures.labels(role="decode").inc()
@@ -254,6 +263,8 @@ async def _decode(
                 continue
             finally:
                 upstream.release()
+        if answer is not None and answer.text is not None:
+            _note_answer(router, endpoint, call, answer.text)
         router.metrics.requests.labels(path=route, code=str(response.status)).inc()
         return response
     router.metrics.requests.labels(path=route, code="503").inc()

@@ -9,9 +9,10 @@ the cache holds more blocks than the KV capacity.
 
 Without a tokenizer the simulator's tokens are the units :func:`prompt_units` cuts the text
 into: four characters each (the estimate :mod:`disagg.sim.tokens` counts), a role marker per
-chat message, or the ids of a prompt given as token ids. Only prompt blocks are cached
-(vLLM caches generated blocks too; a follow-up turn that repeats an answer hits on the
-answer only where the router sent the first turn's text, which the simulator cannot tell).
+chat message, or the ids of a prompt given as token ids. A finished answer's blocks are
+cached too, as the blocks of the conversation's next turn would begin (the chat with the
+answer as the assistant's message, or the text prompt followed by it): vLLM keeps the
+generated tokens' KV, and the chat template renders them into the next turn's prompt.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class PrefixCache:
             self._pins[block] = self._pins.get(block, 0) + 1
         self._evict()
         return hits
+
+    def insert(self, hashes: Sequence[bytes]) -> None:
+        """Cache blocks no running request pins (a finished answer's), most recent last."""
+        self.acquire(hashes)
+        self.release(hashes)
 
     def release(self, hashes: Sequence[bytes]) -> None:
         """A request finished or was cancelled: its blocks stay cached, unpinned."""

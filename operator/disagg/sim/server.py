@@ -24,7 +24,7 @@ from disagg.sim.engine import Engine
 from disagg.sim.kvchannel import KvFetchError
 from disagg.sim.prefix_cache import block_hashes, prompt_units
 from disagg.sim.scheduler import SimRequest
-from disagg.sim.tokens import estimate_tokens, output_token
+from disagg.sim.tokens import continuation, estimate_tokens, output_token
 
 log = logging.getLogger("disagg.sim")
 ENGINE_KEY = web.AppKey("engine", Engine)
@@ -211,7 +211,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             f"holds {engine.scheduler.kv_capacity} (prompt plus max_tokens is too long)",
         )
     async with contextlib.aclosing(engine.run(sim, arrival)) as tokens:
-        return await _respond(
+        response = await _respond(
             request,
             kind,
             body,
@@ -223,6 +223,13 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             prompt_tokens,
             remote_decode,
         )
+    cache = engine.scheduler.prefix_cache
+    if cache is not None and sim.finished and not remote_decode:
+        answer = "".join(output_token(request_id, i) for i in range(sim.generated))
+        follow_up = continuation(body, answer)
+        if follow_up is not None:
+            cache.insert(block_hashes(prompt_units(follow_up), config.block_size))
+    return response
 
 
 async def _respond(

@@ -65,6 +65,16 @@ def estimate_tokens(body: dict[str, Any]) -> int:
     return _text_tokens(str(prompt))
 
 
+def continuation(body: dict[str, Any], answer: str) -> dict[str, Any] | None:
+    """The request as the next turn of its conversation starts: the chat with the answer as
+    the assistant's message, or a text prompt followed by the answer (None for token ids)."""
+    if isinstance(body.get("messages"), list):
+        return {**body, "messages": [*body["messages"], {"role": "assistant", "content": answer}]}
+    if isinstance(body.get("prompt"), str):
+        return {**body, "prompt": body["prompt"] + answer}
+    return None
+
+
 def output_token(request_id: str, index: int) -> str:
     """The ``index``-th output token of a request: a word, stable for a given request id."""
     digest = hashlib.blake2b(f"{request_id}:{index}".encode(), digest_size=2).digest()
