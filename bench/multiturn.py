@@ -15,8 +15,8 @@ decode; Llama-3.1-8B on H100, prefix caching on as in vLLM) and its own router p
 * ``cache-aware+local``: the defaults: a decode engine holding all but 512 tokens (and half
   the prompt) prefills the request itself.
 
-Then single-shot traffic (unique prompts, same lengths) under ``least-loaded`` and under the
-defaults. Latencies are in simulated seconds (wall time over the time scale); KV bytes are
+Then single-shot traffic (unique prompts of 500-4,000 tokens at 70% of the prefill engine)
+under ``least-loaded`` and under the defaults. Latencies are in simulated seconds (wall time over the time scale); KV bytes are
 what the decode engines' ``vllm:nixl_bytes_transferred`` counted (the model's bytes).
 
     .venv/bin/python bench/multiturn.py [--seed 1] [--seconds 180] [--rate 1.0] [--json]
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -99,11 +100,16 @@ def conversations(seed: int, seconds: float, rate: float) -> list[Conversation]:
     return out
 
 
-def single_shots(seed: int, seconds: float, rate: float) -> list[Conversation]:
-    """As many requests as the conversations make, one turn each, sharing no prefix."""
-    chats = conversations(seed, seconds, rate)
+PREFILL_TOKENS_PER_SECOND = 25_000
+"""What one prefill engine of this profile computes (Llama-3.1-8B, H100, 1-8k-token prompts)."""
+SINGLE_SHOT_LOAD = 0.7
+
+
+def single_shots(seed: int, seconds: float) -> list[Conversation]:
+    """Unique prompts of 500-4,000 tokens sharing no prefix, at 70% of the prefill engine
+    (without shared prefixes nothing is cached, so the chat's request rate would swamp it)."""
     rng = random.Random(seed + 1)
-    count = sum(len(c.turns) for c in chats)
+    count = round(SINGLE_SHOT_LOAD * PREFILL_TOKENS_PER_SECOND * seconds / 2250)
     return [
         Conversation(
             rng.uniform(0, seconds),
@@ -214,6 +220,11 @@ def _scrape(proc: Proc) -> dict[str, float]:
     return totals
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -236,6 +247,7 @@ def run_policy(
         procs.append(front)
         outcome = asyncio.run(drive(front.url, chats, scale))
         engines = [_scrape(p) for p in prefill + decode]
+        router_cpu = _cpu_seconds(front.process.pid)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -263,6 +275,7 @@ def run_policy(
         "hitRate": hits / queries if queries else 0.0,
         "rps": len(outcome.samples) / outcome.seconds if outcome.seconds else 0.0,
         "paths": paths,
+        "routerCpuSeconds": router_cpu,
     }
 
 
@@ -318,7 +331,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     chats = conversations(args.seed, args.seconds, args.rate)
-    shots = single_shots(args.seed, args.seconds, args.rate)
+    shots = single_shots(args.seed, args.seconds)
     wanted = set(args.only or [*POLICIES, *(f"single:{k}" for k in SINGLE_SHOT)])
     chat = {n: run_policy(n, f, chats, args.time_scale) for n, f in POLICIES.items() if n in wanted}
     single = {

@@ -4,6 +4,7 @@ whole path against in-process simulated engines with their prefix caches."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from disagg.router.prompt_blocks import (
     prompt_reader,
 )
 from disagg.router.proxy import Router, RouterConfig, build_app
+from disagg.router.relay import Answer
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.server import build_app as build_engine_app
 
@@ -109,6 +111,25 @@ def test_local_prefill_is_decided_on_the_uncached_suffix() -> None:
     assert decode_alone(mostly_new, 20, 16, 256, local) is None, "a third cached is too little"
     assert decode_alone(Prompt(100, ()), 0, 16, 256, local) == "skipped"
     assert decode_alone(Prompt(300, ()), 0, 16, 256, local) is None
+
+
+def test_the_relayed_answer_is_read_back_exactly() -> None:
+    pieces = ["plain ", 'a "quote" and a \\ backslash ', "é ünï 😀 ", "\n"]
+    events = [
+        b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}).encode()
+        for p in pieces
+    ]
+    stream = b"\n\n".join([*events, b"data: [DONE]"]) + b"\n\n"
+    answer = Answer()
+    for start in range(0, len(stream), 7):  # chunks cut anywhere, even inside an event
+        answer.feed(stream[start : start + 7])
+    assert answer.text == "".join(pieces)
+    cut_off = Answer()
+    cut_off.feed(stream[: len(stream) // 2])
+    assert cut_off.text is None, "a stream that broke off is no answer to record"
+    whole = Answer()
+    whole.whole(json.dumps({"choices": [{"text": "all of it"}]}).encode())
+    assert whole.text == "all of it"
 
 
 def test_the_model_tokenizer_counts_and_a_bad_one_is_named(tmp_path: Path) -> None:

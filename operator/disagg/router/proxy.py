@@ -284,6 +284,8 @@ async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.S
         route = decode_alone(
             call.prompt, held, router.prompts.block_size, config.pd_threshold, config.local_prefill
         )
+        if not held:
+            preferred = None  # no affinity: pick decode after prefill, on fresher load
     elif estimate_tokens(call.body) < config.pd_threshold:
         route = "skipped"
     kv_params = None

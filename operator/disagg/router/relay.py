@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -22,42 +22,63 @@ class UpstreamError(Exception):
     """An engine failed before the client saw anything: safe to retry elsewhere."""
 
 
+_PIECE = re.compile(rb'"(?:content|text)": ?("[^"\\]*(?:\\.[^"\\]*)*")')
+"""A streamed chunk's generated text (a chat delta's content or a completion's text)."""
+_DONE = b"data: [DONE]\n\n"
+MAX_ANSWER_BYTES = 512 * 1024
+"""Of a stream, what is kept to read the answer from; a longer one is not recorded."""
+
+
 class Answer:
     """The generated text of an answer as it passes through (for cache-aware routing: the
-    engine caches it too, and the next turn of a conversation starts with it)."""
+    engine caches it too, and the next turn of a conversation starts with it). A stream's
+    bytes are kept and read once at the end, by pattern: the relay's per-token work stays a
+    list append."""
 
     def __init__(self) -> None:
-        self._pieces: list[str] = []
-        self._pending = b""
+        self._chunks: list[bytes] | None = []
+        self._size = 0
+        self._tail = b""
+        self._text: str | None = None
         self.complete = False
 
     @property
     def text(self) -> str | None:
-        return "".join(self._pieces) if self.complete else None
-
-    def _add(self, payload: Any) -> None:
-        for choice in payload.get("choices") or () if isinstance(payload, dict) else ():
-            if isinstance(choice, dict):
-                piece = choice.get("text")
-                if piece is None:
-                    piece = (choice.get("delta") or choice.get("message") or {}).get("content")
-                if isinstance(piece, str):
-                    self._pieces.append(piece)
+        if not self.complete:
+            return None
+        if self._text is None and self._chunks is not None:
+            literals = [m.group(1) for m in _PIECE.finditer(b"".join(self._chunks))]
+            try:
+                self._text = "".join(
+                    json.loads(s) if b"\\" in s else s[1:-1].decode() for s in literals
+                )
+            except ValueError:
+                self.complete = False
+                return None
+            finally:
+                self._chunks = None
+        return self._text
 
     def whole(self, body: bytes) -> None:
-        with contextlib.suppress(ValueError):
-            self._add(json.loads(body))
-            self.complete = True
+        """A non-streamed answer."""
+        self._chunks = None
+        with contextlib.suppress(ValueError, AttributeError, IndexError, TypeError, KeyError):
+            choice = json.loads(body)["choices"][0]
+            text = choice.get("text") if "text" in choice else choice["message"]["content"]
+            if isinstance(text, str):
+                self._text, self.complete = text, True
 
     def feed(self, data: bytes) -> None:
-        *events, self._pending = (self._pending + data).split(b"\n\n")
-        for event in events:
-            payload = event.strip().removeprefix(b"data: ")
-            if payload == b"[DONE]":
-                self.complete = True
-            elif payload.startswith(b"{"):
-                with contextlib.suppress(ValueError):
-                    self._add(json.loads(payload))
+        """Part of a stream of server-sent events."""
+        if self._chunks is None:
+            return
+        self._size += len(data)
+        if self._size > MAX_ANSWER_BYTES:
+            self._chunks = None
+            return
+        self._chunks.append(data)
+        self._tail = (self._tail + data)[-len(_DONE) :]
+        self.complete = self._tail == _DONE
 
 
 async def relay(
