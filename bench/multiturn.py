@@ -275,6 +275,14 @@ def run_policy(
         "hitRate": hits / queries if queries else 0.0,
         "rps": len(outcome.samples) / outcome.seconds if outcome.seconds else 0.0,
         "paths": paths,
+        "followTtftP99ByPath": {
+            path: _pct([s.ttft for s in outcome.samples if s.follow_up and s.path == path], 0.99)
+            for path in paths
+        },
+        "followPaths": {
+            path: sum(1 for s in outcome.samples if s.follow_up and s.path == path)
+            for path in paths
+        },
         "routerCpuSeconds": router_cpu,
     }
 

@@ -16,7 +16,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
-from disagg.router.affinity import AffinityRecord, LocalPrefill, choose, decode_alone
+from disagg.router.affinity import (
+    DECODE_SLACK,
+    AffinityRecord,
+    LocalPrefill,
+    choose,
+    decode_alone,
+)
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import (
@@ -88,6 +94,10 @@ def test_the_engine_holding_the_prefix_wins_unless_it_is_overloaded() -> None:
     assert over is not None and over.url != "http://b", "4 more than the least busy is too many"
     at_scale = choose([("http://a", 40), ("http://b", 49)], record, prompt, rng)
     assert at_scale is not None and at_scale.url == "http://b", "slack grows with the load"
+    decode = choose([("http://a", 2), ("http://b", 9)], record, prompt, rng, DECODE_SLACK)
+    assert decode is not None and decode.url == "http://b", "a decode engine batches: it stays"
+    too_far = choose([("http://a", 2), ("http://b", 11)], record, prompt, rng, DECODE_SLACK)
+    assert too_far is not None and too_far.url == "http://a"
 
 
 def test_with_nothing_cached_it_is_least_outstanding() -> None:

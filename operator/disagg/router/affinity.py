@@ -23,10 +23,25 @@ from disagg.router.prompt_blocks import Prompt
 DEFAULT_BUDGET: Final = 1 << 18
 """Blocks remembered per pool: 4M tokens at 16 per block, about 30 MB."""
 MIN_PER_ENGINE: Final = 1024
-OVERLOAD_SLACK: Final = 4
-OVERLOAD_FRACTION: Final = 0.25
-"""An engine is too busy for affinity once it has more requests in flight than the least
-busy one by this many, or by this fraction of the least busy one's, whichever is larger."""
+
+
+@dataclass(frozen=True)
+class Slack:
+    """An engine is too busy for affinity once it has more requests in flight than the least
+    busy one by ``requests``, or by ``fraction`` of the least busy one's, whichever is more."""
+
+    requests: int
+    fraction: float
+
+    def exceeded(self, in_flight: int, least: int) -> bool:
+        return in_flight > least + max(self.requests, math.ceil(least * self.fraction))
+
+
+PREFILL_SLACK: Final = Slack(4, 0.25)
+"""A prefill engine serves its queue in turn: every request ahead is a prompt to wait for."""
+DECODE_SLACK: Final = Slack(8, 0.5)
+"""A decode engine batches: a few more sequences lengthen each step a little, while moving a
+conversation elsewhere costs its whole context's prefill and KV transfer."""
 
 
 class AffinityRecord:
@@ -73,10 +88,6 @@ class AffinityRecord:
         return len(self._sent.get(url, ()))
 
 
-def overloaded(in_flight: int, least: int) -> bool:
-    return in_flight > least + max(OVERLOAD_SLACK, math.ceil(least * OVERLOAD_FRACTION))
-
-
 @dataclass(frozen=True)
 class Choice:
     """The engine picked for a request and how many of its prompt blocks it holds."""
@@ -90,6 +101,7 @@ def choose(
     record: AffinityRecord,
     prompt: Prompt,
     rng: random.Random,
+    slack: Slack = PREFILL_SLACK,
 ) -> Choice | None:
     """Of ``(url, in_flight)`` candidates, the one holding most of the prompt's leading
     blocks unless it is overloaded; with no such engine, the less busy of two at random
@@ -98,7 +110,7 @@ def choose(
         return None
     least = min(n for _, n in candidates)
     held = {url: record.held(url, prompt.blocks) for url, _ in candidates}
-    fit = [(url, n) for url, n in candidates if not overloaded(n, least)]
+    fit = [(url, n) for url, n in candidates if not slack.exceeded(n, least)]
     best_url, _ = max(fit, key=lambda c: (held[c[0]], -c[1]))
     if held[best_url] > 0:
         return Choice(best_url, held[best_url])

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from disagg.router.affinity import AffinityRecord, choose
+from disagg.router.affinity import DECODE_SLACK, PREFILL_SLACK, AffinityRecord, choose
 from disagg.router.prompt_blocks import Prompt
 
 POLICIES: Final = ("cache-aware", "least-outstanding", "round-robin", "prefix-affinity")
@@ -135,8 +135,13 @@ class Picker:
             return None
         if self.cache_aware and prompt is not None:
             by_url = {e.url: e for e in candidates}
+            slack = DECODE_SLACK if pool.role == "decode" else PREFILL_SLACK
             choice = choose(
-                [(e.url, e.in_flight) for e in candidates], self.record(pool), prompt, self._rng
+                [(e.url, e.in_flight) for e in candidates],
+                self.record(pool),
+                prompt,
+                self._rng,
+                slack,
             )
             return by_url[choice.url] if choice is not None else None
         if self.policy == "round-robin":
