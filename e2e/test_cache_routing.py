@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from typing import Any
 
 import aiohttp
@@ -38,6 +39,17 @@ def _conversation(front: Proc, messages: list[dict[str, str]], *questions: str) 
     return result
 
 
+async def _until_decoding(front: Proc, count: int) -> None:
+    """Wait (up to 30 s) until the router has ``count`` requests in flight on decode."""
+    deadline = time.monotonic() + 30
+    while True:
+        view = await asyncio.to_thread(front.get, "/debug/endpoints")
+        if sum(e["in_flight"] for e in view["decode"]) >= count:
+            return
+        assert time.monotonic() < deadline, f"fewer than {count} streams reached decode: {view}"
+        await asyncio.sleep(0.02)
+
+
 def _cached_blocks(front: Proc) -> dict[str, Any]:
     view = front.get("/debug/endpoints")
     return {e["url"]: e["cached_blocks"] for e in view["decode"]}
@@ -66,7 +78,7 @@ def test_follow_ups_prefill_locally_and_a_router_restart_loses_no_request() -> N
                     )
                     for i in range(12)
                 ]
-                await asyncio.sleep(0.5)  # every stream is under way (1,500 tokens take ~1.5 s)
+                await _until_decoding(front, len(streams))
                 assert not any(s.done() for s in streams)
                 front.process.send_signal(signal.SIGTERM)
                 results = await asyncio.gather(*streams)
