@@ -81,6 +81,23 @@ def test_scale_down_goes_to_the_largest_size_of_the_window_in_one_step() -> None
     assert downs == [(300.0, 8, 1)], downs
 
 
+def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy() -> None:
+    # 30 req/s of 1000-token prompts at 10k tokens/s is 3 replicas' work, measured on 1800
+    # prompts a minute: four replicas are 75% busy and meet the wait target with that
+    # estimate's error on top. (Sizing the look-back for 25% more load than seen kept five.)
+    memory, replicas, downs = PoolMemory(prefill_speed=10_000), 8, []
+    for step in range(61):
+        t = NOW + 15 * step
+        decision = decide_pool(
+            "prefill", prefill(0.3, 30.0, at=t), replicas, replicas, PREFILL, RULES, memory,
+            None, t,
+        )  # fmt: skip
+        if decision.action == "down":
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas = decision.desired
+    assert downs == [(300.0, 8, 4)], downs
+
+
 def test_a_scale_down_undone_within_five_minutes_lengthens_the_look_back() -> None:
     memory = PoolMemory()
     memory.scaled(NOW, up=False, configured=300)

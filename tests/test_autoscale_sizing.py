@@ -73,6 +73,22 @@ def test_noise_headroom_shrinks_with_the_evidence() -> None:
     assert sizing.noise(100) == pytest.approx(1.1)
     assert sizing.noise(10_000) == pytest.approx(1.01)
     assert sizing.noise(0) == 2.0
+    # Prompt tokens summed over 100 prompts of uneven length (squared CV 3) are known less
+    # well than the request count: twice the error.
+    assert sizing.noise(100, 3.0) == pytest.approx(1.2)
+
+
+def test_spread_of_a_histogram_counts_each_bucket_at_its_midpoint() -> None:
+    assert sizing.spread([]) == 0.0
+    assert sizing.spread([(1.0, 0.0), (float("inf"), 0.0)]) == 0.0
+    # Everything in one bucket: no spread.
+    assert sizing.spread([(1.0, 0.0), (2.0, 10.0), (float("inf"), 10.0)]) == 0.0
+    # Half at 1 s, half at 3 s (midpoints): mean 2, variance 1, squared CV 1/4.
+    two = [(2.0, 5.0), (4.0, 10.0), (float("inf"), 10.0)]
+    assert sizing.spread(two) == pytest.approx(0.25)
+    # The +Inf bucket counts at the last finite bound.
+    tail = [(2.0, 5.0), (float("inf"), 10.0)]
+    assert sizing.spread(tail) == pytest.approx(((1 + 4) / 2) / 1.5**2 - 1)
 
 
 def test_prefill_speed_takes_the_better_of_alone_and_saturated_estimates() -> None:

@@ -8,6 +8,7 @@ numbers it used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
@@ -34,7 +35,8 @@ class Need:
     replicas: int
     why: str
     keep: int = 0
-    """The fewest replicas a scale-down may leave: the demand fills them to DOWN_HEADROOM."""
+    """The fewest replicas a scale-down may leave: the demand fills them to at most
+    DOWN_HEADROOM (and prefill still meets the wait target)."""
     sustained: int = 0
     """``keep`` for what arrives, without the backlog: a backlog is drained once, it is not
     load that comes back, so the scale-down look-back remembers this."""
@@ -42,6 +44,11 @@ class Need:
     """Prefill: seconds of one replica's time a waiting prompt costs."""
     wait_budget: float | None = None
     """Prefill: seconds the TTFT SLO leaves a prompt for waiting."""
+
+
+def busy_replicas(erlangs: float) -> int:
+    """Prefill replicas that this much work keeps busy at most DOWN_HEADROOM of the time."""
+    return math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
 
 
 def feed_forward(
@@ -52,7 +59,11 @@ def feed_forward(
     no prefill times yet, or no decode batch learned or given). ``growing`` is how many
     waiting requests were added per second since the last evaluation."""
     rate = signals.request_rate or 0.0
-    headroom = sizing.headroom(memory.demand, memory.provisioning, rate * behavior_window)
+    # A prefill pool's demand is prompt tokens: long and short prompts make it noisier than
+    # the request count (the prefill-time histogram gives their spread).
+    sizes = sizing.spread(signals.prefill_buckets) if pool == "prefill" else 0.0
+    events = rate * behavior_window
+    headroom = sizing.headroom(memory.demand, memory.provisioning, events, sizes)
     if pool == "prefill":
         speed = memory.prefill_speed
         if (
@@ -71,10 +82,18 @@ def feed_forward(
         budgets = sizing.wait_budgets(policy.slo, buckets, service)
         limit = policy.max_replicas + 1
         n = sizing.prefill_replicas(arrivals, service, budgets, limit)
-        keep = sizing.prefill_replicas(arrivals / DOWN_HEADROOM, service, budgets, limit)
+        # A scale-down must hold if the load is one estimate error above what it reads.
+        margin = sizing.noise(events, sizes)
+        keep = max(
+            sizing.prefill_replicas(arrivals * margin, service, budgets, limit),
+            busy_replicas(arrivals * service),
+        )
         # While a backlog drains the engines finish more than arrives.
-        seen = max(0.0, rate + memory.queue_change) * headroom / DOWN_HEADROOM
-        sustained = sizing.prefill_replicas(seen, service, budgets, limit)
+        seen = max(0.0, rate + memory.queue_change) * headroom
+        sustained = max(
+            sizing.prefill_replicas(seen * margin, service, budgets, limit),
+            busy_replicas(seen * service),
+        )
         typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
         backlog = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (

@@ -21,8 +21,9 @@ no load estimate yet. The inputs and what the policy remembers are in
   undone within 5 minutes: bursts that come back are learned), leaving out what only a
   backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
-  size the load fills to at most 80% (a size it only just fits is one the next fluctuation
-  scales back up); without a load estimate, only when one replica fewer would still meet the
+  size the load fills to at most 80% that would still meet the SLO were the load one estimate
+  error above what it reads (a size it only just fits is one the next fluctuation scales
+  back up); without a load estimate, only when one replica fewer would still meet the
   SLO; an idle pool (no requests at all) goes down to its minimum;
 * **unreachable**: prompts whose prefill alone exceeds the TTFT SLO (or a decode step that
   misses TPOT with almost nothing batched) miss at any size; they do not drive scaling, and

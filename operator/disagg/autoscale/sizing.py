@@ -21,7 +21,10 @@ the pool must be now. Both pools are sized here from what their engines report:
 * **headroom**: demand (arrivals for prefill, sequences for decode) is multiplied by where
   its rise over the last two provisioning delays (a rise seen in both: a step is not a
   trend) leads one delay from now (so the replicas ordered now are enough when they arrive)
-  and by the uncertainty of the rate estimate itself. Surprise bursts are not predicted; the
+  and by the uncertainty of the estimate itself: Poisson in the request count and, for prompt
+  tokens, compound Poisson (a few long prompts among many short ones move the tokens per
+  second more than the request rate; :func:`spread` reads their spread from the prefill-time
+  histogram). Surprise bursts are not predicted; the
   policy learns their return instead (see the scale-down look-back in
   :mod:`disagg.autoscale.policy`).
 * **unreachable**: a prompt whose prefill alone exceeds the TTFT SLO misses it at any pool
@@ -156,10 +159,30 @@ def wait_budgets(slo: float, buckets: Buckets, mean_service: float) -> list[tupl
     return budgets
 
 
-def noise(events: float) -> float:
+def noise(events: float, spread: float = 0.0) -> float:
     """Headroom for the rate estimate itself: one based on ``events`` arrivals is off by about
-    1/sqrt(events) (Poisson)."""
-    return 1 + 1 / math.sqrt(max(1.0, events))
+    1/sqrt(events) (Poisson); work summed over them (prompt tokens), whose sizes have squared
+    coefficient of variation ``spread``, by sqrt(1 + spread) times that (compound Poisson)."""
+    return 1 + math.sqrt((1 + spread) / max(1.0, events))
+
+
+def spread(buckets: Buckets) -> float:
+    """Squared coefficient of variation of the observations in a cumulative histogram, each
+    counted at its bucket's midpoint (the +Inf bucket's at the last finite bound); 0 without
+    observations."""
+    if not buckets or buckets[-1][1] <= 0:
+        return 0.0
+    total, first, second = 0.0, 0.0, 0.0
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        point = lower_bound if math.isinf(bound) else (lower_bound + bound) / 2
+        weight = count - lower_count
+        total, first, second = total + weight, first + weight * point, second + weight * point**2
+        if not math.isinf(bound):
+            lower_bound = bound
+        lower_count = count
+    mean = first / total
+    return max(0.0, second / total / mean**2 - 1) if mean > 0 else 0.0
 
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
@@ -202,10 +225,13 @@ def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
     return max(1.0, min(GROWTH_CAP, 1 + sustained * slope * delay / level))
 
 
-def headroom(demand: Sequence[tuple[float, float]], delay: float, events: float) -> float:
+def headroom(
+    demand: Sequence[tuple[float, float]], delay: float, events: float, sizes: float = 0.0
+) -> float:
     """How much more demand to provision for than is seen now: where its rise leads one
-    provisioning delay ahead, times the rate estimate's own uncertainty."""
-    return trend(demand, delay) * noise(events)
+    provisioning delay ahead, times the rate estimate's own uncertainty (``sizes``: the
+    squared coefficient of variation of each request's work)."""
+    return trend(demand, delay) * noise(events, sizes)
 
 
 SPEED_DECAY: Final = 0.995
