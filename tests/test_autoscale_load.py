@@ -3,6 +3,9 @@ proportional scale-down and the look-back learned from flaps."""
 
 from __future__ import annotations
 
+import pytest
+
+from disagg.autoscale.load import coming_backlog
 from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
 
 NOW = 50_000.0
@@ -96,6 +99,20 @@ def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy
             downs.append((t - NOW, replicas, decision.desired))
             replicas = decision.desired
     assert downs == [(300.0, 8, 4)], downs
+
+
+def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:
+    # 200 prompts wait, 10 more per second, each costs 0.05 s of the pool's time: 10 s to
+    # drain, far past the 1.7 s they may wait. Replicas ordered now serve in 120 s, when
+    # 1200 more will have joined the queue.
+    memory = PoolMemory(provisioning=120.0)
+    signals = prefill(1.5, 60.0, queue=200.0)
+    assert coming_backlog(signals, 10.0, memory, 0.05, 1.7) == pytest.approx(1400)
+    # Replicas ordered 100 s ago serve in 20 s and stop the growth then if they suffice.
+    starting = PoolMemory(provisioning=120.0, starting_since=NOW - 100)
+    assert coming_backlog(signals, 10.0, starting, 0.05, 1.7) == pytest.approx(400)
+    # A queue that drains within what prompts may wait is not a backlog: no projection.
+    assert coming_backlog(prefill(1.5, 60.0, queue=20.0), 10.0, memory, 0.05, 1.7) == 20.0
 
 
 def test_a_scale_down_undone_within_five_minutes_lengthens_the_look_back() -> None:

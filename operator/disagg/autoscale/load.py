@@ -78,8 +78,10 @@ def feed_forward(
         buckets = prefill_alone(signals, memory)
         # Engines count what they finished; under saturation arrivals also fill the queue.
         offered = (rate + growing) * headroom
-        arrivals = offered + (signals.queue or 0.0) / sizing.DRAIN_SECONDS
         budgets = sizing.wait_budgets(policy.slo, buckets, service)
+        typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
+        backlog = coming_backlog(signals, growing, memory, service / max(1, ready), typical)
+        arrivals = offered + backlog / sizing.DRAIN_SECONDS
         limit = policy.max_replicas + 1
         n = sizing.prefill_replicas(arrivals, service, budgets, limit)
         # A scale-down must hold if the load is one estimate error above what it reads.
@@ -94,10 +96,9 @@ def feed_forward(
             sizing.prefill_replicas(seen * margin, service, budgets, limit),
             busy_replicas(seen * service),
         )
-        typical = max(budgets, key=lambda b: b[0])[1] if budgets else 0.0
-        backlog = f" + {signals.queue:.0f} waiting" if signals.queue else ""
+        waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (
-            f"{rate + growing:.2f} req/s x {headroom:.2f} headroom{backlog}, "
+            f"{rate + growing:.2f} req/s x {headroom:.2f} headroom{waiting}, "
             f"{mean_prompt:.0f}-token prompts at {speed:.0f} tokens/s per replica, "
             f"most may wait {typical:.2f}s"
         )
@@ -115,6 +116,23 @@ def feed_forward(
         keep,
         sizing.decode_replicas(steady / DOWN_HEADROOM, batch),
     )
+
+
+def coming_backlog(
+    signals: Signals, growing: float, memory: PoolMemory, drain_per_request: float,
+    wait_budget: float,
+) -> float:  # fmt: skip
+    """The backlog replicas ordered now will find: the queue and, once it is a backlog (it
+    takes longer to drain than prompts may wait), what it grows by until they serve one
+    provisioning delay from now (the pool is short by that much until then)."""
+    queue = signals.queue or 0.0
+    if queue * drain_per_request <= wait_budget:
+        return queue
+    horizon = memory.provisioning
+    if memory.starting_since is not None:
+        # Replicas already starting serve sooner, and stop the growth then if they suffice.
+        horizon -= min(horizon, max(0.0, signals.sampled_at - memory.starting_since))
+    return queue + growing * horizon
 
 
 def decode_sequences(signals: Signals, growing: float, backlog: bool = True) -> float:

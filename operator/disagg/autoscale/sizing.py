@@ -8,7 +8,8 @@ the pool must be now. Both pools are sized here from what their engines report:
   alone takes ``prompt / speed`` (its prefill-phase time, vLLM's
   ``request_prefill_time_seconds``, when nothing is batched with it) and a saturated replica
   serves ``speed`` tokens per second. The mean prompt over that speed is the service time
-  ``s``; arrivals ``λ`` (plus the backlog, drained over a minute) give the offered load
+  ``s``; arrivals ``λ`` (plus the backlog, drained over a minute, as the replicas ordered now
+  will find it: :func:`disagg.autoscale.load.coming_backlog`) give the offered load
   ``a = λ·s`` in Erlangs. Erlang C gives the probability that a prompt waits longer than what
   the TTFT SLO leaves after its own prefill (per bucket of the prefill-time histogram: a
   short prompt may wait almost the whole SLO, one near it hardly at all); the pool is the
