@@ -26,8 +26,9 @@ from typing import Any, Final, Literal
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
 from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
 from disagg.sim.metrics import EngineMetrics
-from disagg.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
+from disagg.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache, block_hashes, prompt_units
 from disagg.sim.scheduler import Scheduler, SimRequest
+from disagg.sim.tokens import continuation, output_token
 
 EngineRole = Literal["prefill", "decode", "both"]
 
@@ -232,6 +233,18 @@ class Engine:
         if cache is None:
             return 0
         return cache.cached_prefix(block_hashes) * self.config.block_size
+
+    def cache_answer(self, body: dict[str, Any], request_id: str, generated: int) -> None:
+        """Keep a finished answer's KV as the conversation's next turn would begin (vLLM keeps
+        generated tokens' blocks): the chat with the answer as the assistant message, or the
+        text prompt followed by it."""
+        cache = self.scheduler.prefix_cache
+        if cache is None:
+            return
+        answer = "".join(output_token(request_id, i) for i in range(generated))
+        follow_up = continuation(body, answer)
+        if follow_up is not None:
+            cache.insert(block_hashes(prompt_units(follow_up), self.config.block_size))
 
     async def load_remote_kv(
         self, host: str, port: int, request_id: str, prompt_tokens: int, cached_tokens: int = 0

@@ -24,7 +24,7 @@ from disagg.sim.engine import Engine
 from disagg.sim.kvchannel import KvFetchError
 from disagg.sim.prefix_cache import block_hashes, prompt_units
 from disagg.sim.scheduler import SimRequest
-from disagg.sim.tokens import continuation, estimate_tokens, output_token
+from disagg.sim.tokens import estimate_tokens, output_token
 
 log = logging.getLogger("disagg.sim")
 ENGINE_KEY = web.AppKey("engine", Engine)
@@ -223,12 +223,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             prompt_tokens,
             remote_decode,
         )
-    cache = engine.scheduler.prefix_cache
-    if cache is not None and sim.finished and not remote_decode:
-        answer = "".join(output_token(request_id, i) for i in range(sim.generated))
-        follow_up = continuation(body, answer)
-        if follow_up is not None:
-            cache.insert(block_hashes(prompt_units(follow_up), config.block_size))
+    if sim.finished and not remote_decode:
+        engine.cache_answer(body, request_id, sim.generated)
     return response
 
 
