@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DISAGG_CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE
-LINT_DIRS := $(wildcard operator tests e2e bench manifests)
+LINT_DIRS := $(wildcard operator engine tests e2e bench manifests)
 
 .PHONY: help venv test test-fast test-e2e lint crds manifests demo demo-down binaries system-packages clean
 
@@ -18,10 +18,10 @@ help:
 	@echo "make crds   - regenerate crds/ (and the chart's copy) from the pydantic models"
 	@echo "make manifests - regenerate manifests/install.yaml and the Argo CD health patch"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml engine/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e ./engine -e '.[dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,4 +1,4 @@
-"""The engine pod's preStop hook (`disagg engine drain`) against a real simulated engine,
+"""The engine pod's preStop hook (`disagg-engine drain`) against a real simulated engine,
 and the pod emulator running it as the kubelet would."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import yaml
 from aiohttp import web
 
 from disagg.devcluster.podemu import pre_stop_argv
-from disagg.engine.drain import drain
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.scheduler import SimRequest
 from disagg.sim.server import build_app
+from disagg_engine.drain import drain
 
 GOLDEN = Path(__file__).parent / "golden" / "tcp-dev.yaml"
 
@@ -84,7 +84,7 @@ def test_the_pod_emulator_runs_the_rendered_pre_stop_hook_at_the_pod_ip() -> Non
     assert hook is not None
     argv, env = hook
     assert argv[1:] == [
-        "-m", "disagg.cli", "engine", "drain", "--port", "8000", "--timeout", "110",
+        "-m", "disagg_engine.cli", "drain", "--port", "8000", "--timeout", "110",
         "--host", "127.9.0.7",
     ]  # fmt: skip
     assert env["DISAGG_ROLE"] == "decode"

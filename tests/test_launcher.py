@@ -1,4 +1,6 @@
-"""The engine launcher, run for real with a stand-in engine executable and a fake sysfs."""
+"""The engine launcher, run for real with a stand-in engine executable and a fake sysfs, and
+with nothing but the standard library on its path (``python -S``: no site-packages), as the
+engine images run it."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from disagg.engine.launcher import EX_CONFIG, plan_launch
-from disagg.engine.preflight import Port, can_pin_memory, decide
+from conftest import ROOT
+from disagg_engine.launcher import EX_CONFIG, plan_launch
+from disagg_engine.preflight import Port, can_pin_memory, decide
+
+ENGINE_SRC = ROOT / "engine" / "src"
+STDLIB_ONLY = [sys.executable, "-S", "-m", "disagg_engine.cli"]
 
 STAND_IN = """#!{python}
 import json, os, sys
@@ -62,6 +68,7 @@ def _launch(
         "STAND_IN_OUT": str(pod["out"]),
         "POD_IP": "10.1.2.3",
         "DISAGG_ROLE": "prefill",
+        "PYTHONPATH": str(ENGINE_SRC),
         **env,
     }
     for key in ("UCX_NET_DEVICES", "UCX_IB_GID_INDEX", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
@@ -69,10 +76,7 @@ def _launch(
             full_env.pop(key, None)
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "disagg.cli",
-            "engine",
+            *STDLIB_ONLY,
             "launch",
             "--",
             str(pod["engine"]),
@@ -169,12 +173,12 @@ def test_tcp_transport_skips_preflight_and_sets_sglang_host(pod: dict[str, Path]
 
 def test_missing_engine_binary_is_explained(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "disagg.cli", "engine", "launch", "--", "no-such-engine"],
+        [*STDLIB_ONLY, "launch", "--", "no-such-engine"],
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
-        env={**os.environ, "DISAGG_TRANSPORT": "tcp"},
+        env={**os.environ, "DISAGG_TRANSPORT": "tcp", "PYTHONPATH": str(ENGINE_SRC)},
     )
     assert result.returncode == 127 and "no-such-engine: command not found" in result.stderr
 

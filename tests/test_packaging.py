@@ -76,6 +76,43 @@ def test_image_entrypoints_exist_and_run(argv: list[str]) -> None:
     assert "usage: disagg" in result.stdout
 
 
+def test_the_engine_distribution_is_versioned_with_the_project() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    engine = tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"]
+    assert engine["version"] == project["version"]
+    assert f"disagg-engine=={engine['version']}" in project["dependencies"]
+    assert engine["dependencies"] == [], "the engine images get nothing but the launcher"
+
+
+def test_the_engine_launcher_installs_alone_and_runs_the_engine(tmp_path: Path) -> None:
+    # Built (offline, with the dev environment's setuptools) and installed as the engine
+    # images do, into a venv that has nothing else.
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    wheels = tmp_path / "wheels"
+    subprocess.run([*pip, "wheel", "--no-index", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(ROOT / "engine")], check=True, timeout=300)  # fmt: skip
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    wheel = next(wheels.glob("disagg_engine-*.whl"))
+    subprocess.run([*pip, "--python", str(python), "install", "--no-index", "--no-deps",
+                    str(wheel)], check=True, timeout=120)  # fmt: skip
+    installed = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; "
+         "print(sorted(d.metadata['Name'] for d in m.distributions()))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert installed == "['disagg-engine']"
+    launched = subprocess.run(
+        [str(venv / "bin" / "disagg-engine"), "launch", "--", "/bin/echo", "engine", "started"],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={"PATH": "/usr/bin:/bin", "DISAGG_TRANSPORT": "tcp", "DISAGG_ROLE": "decode"},
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stdout == "engine started\n"
+    assert "starting /bin/echo as decode" in launched.stderr
+
+
 def test_chart_crd_is_the_generated_one() -> None:
     committed = (ROOT / "crds" / "disaggregatedmodels.disagg.dev.yaml").read_bytes()
     assert (CHART / "files" / "disaggregatedmodels.disagg.dev.yaml").read_bytes() == committed, (

@@ -127,7 +127,7 @@ def test_vllm_nixl_argv_per_role() -> None:
     objects = _render(load_example("llama-8b-nixl-rdma"))
     for name, role in (("llama-8b-prefill", "kv_producer"), ("llama-8b-decode", "kv_consumer")):
         container = _engine(objects, name)
-        assert container["command"] == ["disagg", "engine", "launch", "--"]
+        assert container["command"] == ["disagg-engine", "launch", "--"]
         argv = container["args"]
         assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
         assert _flag(argv, "--port") == "8000"
@@ -377,7 +377,7 @@ def test_external_mode_renders_keda_scaled_objects_from_the_same_queries() -> No
 def test_engine_pods_drain_before_they_stop() -> None:
     container = _engine(_render(load_example("minimal")), "qwen-small-prefill")
     command = container["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[:3] == ["disagg", "engine", "drain"] and _flag(command, "--port") == "8000"
+    assert command[:2] == ["disagg-engine", "drain"] and _flag(command, "--port") == "8000"
     assert float(_flag(command, "--timeout") or 0) < 120
 
 

@@ -18,7 +18,6 @@ from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
-from disagg.engine.launcher import register as register_engine
 from disagg.plan.cli import register as register_plan
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
@@ -26,6 +25,7 @@ from disagg.router.cli import register as register_router
 from disagg.sim.cli import register as register_sim
 from disagg.sim.simulate import register as register_simulate
 from disagg.yamlio import YamlLimitError, dump, dump_all, load_all
+from disagg_engine.cli import add_actions as add_engine_actions
 
 
 class CliError(Exception):
@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     register_plan(sub)
     register_simulate(sub)
     register_router(sub)
-    register_engine(sub)
+    engine = sub.add_parser("engine", help="engine-side tools (also the disagg-engine command)")
+    add_engine_actions(engine)
     register_demo(sub)
     return parser
 

@@ -43,8 +43,10 @@ class EngineSpec(ApiModel):
     image: str | None = Field(
         default=None,
         min_length=1,
-        description="Engine image. Default: the bundled image of the chosen backend, which "
-        "carries the disagg launcher as its entrypoint.",
+        description="Engine image. Default: the bundled image of the chosen backend. The "
+        "pods run `disagg-engine launch -- <engine argv>` and `disagg-engine drain` as their "
+        "preStop hook, so an image of your own needs the disagg-engine distribution (standard "
+        "library only: `pip install --no-deps disagg-engine`).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Image pull policy of the engine containers."

@@ -4,8 +4,8 @@ kwok makes pods Running but runs nothing; this plays the kubelet's container par
 engine pools. For each Running prefill/decode pod of a DisaggregatedModel it starts
 ``disagg sim engine`` listening on the pod IP (a loopback address) with the role and the
 flags the operator rendered (served model name, token budget, max sequences, TP). When the
-pod is deleted it behaves like the kubelet: it runs the pod's own preStop hook (``disagg
-engine drain``, pointed at the pod IP instead of the pod's loopback) within the grace
+pod is deleted it behaves like the kubelet: it runs the pod's own preStop hook (``disagg-engine
+drain``, pointed at the pod IP instead of the pod's loopback) within the grace
 period, stops the engine, and only then removes the pod; pods it manages carry an
 annotation that makes kwok wait for the grace period instead of deleting them at once.
 """
@@ -80,7 +80,7 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
 
 
 def pre_stop_argv(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]] | None:
-    """The engine pod's preStop ``disagg engine drain`` as this host runs it (argv and the
+    """The engine pod's preStop ``disagg-engine drain`` as this host runs it (argv and the
     container's plain env), aimed at the pod IP; None when the pod has no such hook (pure)."""
     containers = pod.get("spec", {}).get("containers", [])
     ip = pod.get("status", {}).get("podIP")
@@ -88,10 +88,10 @@ def pre_stop_argv(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]] | Non
         return None
     hook = containers[0].get("lifecycle", {}).get("preStop", {}).get("exec", {})
     command = [str(c) for c in hook.get("command", [])]
-    if command[:3] != ["disagg", "engine", "drain"]:
+    if command[:2] != ["disagg-engine", "drain"]:
         return None
     env = {e["name"]: str(e["value"]) for e in containers[0].get("env", []) if "value" in e}
-    return [sys.executable, "-m", "disagg.cli", *command[1:], "--host", ip], env
+    return [sys.executable, "-m", "disagg_engine.cli", *command[1:], "--host", ip], env
 
 
 @dataclass

@@ -11,7 +11,7 @@ from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
 from disagg.versions import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
-LAUNCHER: Final = ["disagg", "engine", "launch", "--"]
+LAUNCHER: Final = ["disagg-engine", "launch", "--"]
 TERMINATION_GRACE_SECONDS: Final = 120
 STARTUP_BUDGET_SECONDS: Final = 1800
 """Model download and load can take many minutes; the startup probe waits this long."""
@@ -102,7 +102,7 @@ def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -
             "preStop": {
                 "exec": {
                     "command": [
-                        "disagg", "engine", "drain", "--port", str(launch.http_port),
+                        "disagg-engine", "drain", "--port", str(launch.http_port),
                         "--timeout", str(drain_seconds),
                     ]
                 }

@@ -1,4 +1,4 @@
-"""``disagg engine launch -- <engine argv>``: the entrypoint of the bundled engine image.
+"""``disagg-engine launch -- <engine argv>``: the entrypoint of the bundled engine image.
 
 The operator renders the engine command line and a few ``DISAGG_*`` variables; this fills in
 what only the running pod knows (its IP for the NIXL side channel or SGLang's bootstrap, the
@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from disagg.engine.drain import register as register_drain
-from disagg.engine.preflight import Findings, preflight
+from disagg_engine.preflight import Findings, preflight
 
 EX_CONFIG = 78
 
@@ -72,7 +71,7 @@ def _say(message: str) -> None:
 def launch(argv: list[str], env: Mapping[str, str]) -> NoReturn:
     """Check, fill in, and exec the engine; exits non-zero with a reason when it must not start."""
     if not argv:
-        _say("error: no engine command given (usage: disagg engine launch -- vllm serve ...)")
+        _say("error: no engine command given (usage: disagg-engine launch -- vllm serve ...)")
         sys.exit(2)
     findings = None
     if env.get("DISAGG_TRANSPORT", "tcp") == "rdma":
@@ -116,11 +115,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     launch(command, os.environ)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``disagg engine launch`` to the ``disagg`` parser."""
-    engine = sub.add_parser("engine", help="engine-side tools (the image entrypoint)")
-    actions = engine.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
+def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``launch`` to an engine tools parser."""
     run = actions.add_parser("launch", help="RDMA preflight, fill in pod settings, exec the engine")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- followed by the engine argv")
     run.set_defaults(func=cmd_launch)
-    register_drain(actions)
