@@ -68,37 +68,31 @@ def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
     assert decision.action == "up", decision.reason
 
 
-def test_scale_down_goes_to_the_largest_size_of_the_window_in_one_step() -> None:
-    memory = PoolMemory(prefill_speed=10_000)
-    replicas, t, downs = 8, NOW, []
-    while t < NOW + 600:
+def run_prefill(rate: float, replicas: int, seconds: float) -> list[tuple[float, int, int]]:
+    """Scale-downs of a prefill pool under steady load (1000-token prompts, 10k tokens/s)."""
+    memory, downs, t = PoolMemory(prefill_speed=10_000), [], NOW
+    while t < NOW + seconds:
         decision = decide_pool(
-            "prefill", prefill(0.3, 5.0, at=t), replicas, replicas, PREFILL, RULES, memory,
+            "prefill", prefill(0.3, rate, at=t), replicas, replicas, PREFILL, RULES, memory,
             None, t,
         )  # fmt: skip
         if decision.action == "down":
             downs.append((t - NOW, replicas, decision.desired))
             replicas = decision.desired
         t += 15
+    return downs
+
+
+def test_scale_down_goes_to_the_largest_size_of_the_window_in_one_step() -> None:
     # 5 req/s needs one replica: one move, after the whole stabilization window.
-    assert downs == [(300.0, 8, 1)], downs
+    assert run_prefill(5.0, 8, 600) == [(300.0, 8, 1)]
 
 
 def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy() -> None:
     # 30 req/s of 1000-token prompts at 10k tokens/s is 3 replicas' work, measured on 1800
     # prompts a minute: four replicas are 75% busy and meet the wait target with that
     # estimate's error on top. (Sizing the look-back for 25% more load than seen kept five.)
-    memory, replicas, downs = PoolMemory(prefill_speed=10_000), 8, []
-    for step in range(61):
-        t = NOW + 15 * step
-        decision = decide_pool(
-            "prefill", prefill(0.3, 30.0, at=t), replicas, replicas, PREFILL, RULES, memory,
-            None, t,
-        )  # fmt: skip
-        if decision.action == "down":
-            downs.append((t - NOW, replicas, decision.desired))
-            replicas = decision.desired
-    assert downs == [(300.0, 8, 4)], downs
+    assert run_prefill(30.0, 8, 900) == [(300.0, 8, 4)]
 
 
 def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:
