@@ -46,9 +46,15 @@ class Need:
     """Prefill: seconds the TTFT SLO leaves a prompt for waiting."""
 
 
-def busy_replicas(erlangs: float) -> int:
-    """Prefill replicas that this much work keeps busy at most DOWN_HEADROOM of the time."""
-    return math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
+def prefill_floor(
+    arrival_rate: float, service: float, budgets: sizing.Budgets, limit: int, margin: float
+) -> int:
+    """The fewest prefill replicas a scale-down may leave for these arrivals: kept busy at
+    most DOWN_HEADROOM of the time, and meeting the wait target were the load one estimate
+    error (``margin``) above what it reads."""
+    erlangs = arrival_rate * service
+    busy = math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
+    return max(sizing.prefill_replicas(arrival_rate * margin, service, budgets, limit), busy)
 
 
 def feed_forward(
@@ -84,18 +90,11 @@ def feed_forward(
         arrivals = offered + backlog / sizing.DRAIN_SECONDS
         limit = policy.max_replicas + 1
         n = sizing.prefill_replicas(arrivals, service, budgets, limit)
-        # A scale-down must hold if the load is one estimate error above what it reads.
         margin = sizing.noise(events, sizes)
-        keep = max(
-            sizing.prefill_replicas(arrivals * margin, service, budgets, limit),
-            busy_replicas(arrivals * service),
-        )
+        keep = prefill_floor(arrivals, service, budgets, limit, margin)
         # While a backlog drains the engines finish more than arrives.
         seen = max(0.0, rate + memory.queue_change) * headroom
-        sustained = max(
-            sizing.prefill_replicas(seen * margin, service, budgets, limit),
-            busy_replicas(seen * service),
-        )
+        sustained = prefill_floor(seen, service, budgets, limit, margin)
         waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (
             f"{rate + growing:.2f} req/s x {headroom:.2f} headroom{waiting}, "
