@@ -46,6 +46,10 @@ class MetricNames:
     """Histogram of the prefill phase alone (scheduled to first token). SGLang times stages
     in ``sglang:per_stage_req_latency_seconds{stage=...}`` with stage names that change
     between versions, so it has none by default (a query override can supply one)."""
+    generation_tokens: str | None = None
+    prompt_lengths: str | None = None
+    """Histogram of prompt tokens per request (vLLM always; SGLang with
+    ``--collect-tokens-histogram``)."""
 
 
 VLLM: Final = MetricNames(
@@ -57,6 +61,8 @@ VLLM: Final = MetricNames(
     requests="vllm:e2e_request_latency_seconds_count",
     prompt_tokens="vllm:prompt_tokens_total",
     prefill_time="vllm:request_prefill_time_seconds",
+    generation_tokens="vllm:generation_tokens_total",
+    prompt_lengths="vllm:request_prompt_tokens",
 )
 SGLANG: Final = MetricNames(
     ttft="sglang:time_to_first_token_seconds",
@@ -67,6 +73,8 @@ SGLANG: Final = MetricNames(
     requests="sglang:e2e_request_latency_seconds_count",
     prompt_tokens="sglang:prompt_tokens_total",
     prefill_time=None,
+    generation_tokens="sglang:generation_tokens_total",
+    prompt_lengths="sglang:prompt_tokens_histogram",
 )
 
 _TEMPLATES: Final[dict[Signal, str]] = {

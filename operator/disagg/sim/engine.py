@@ -343,4 +343,5 @@ class Engine:
             # vLLM's prefill phase: from first scheduled to the first token.
             m.prefill.labels(**labels).observe(self.seconds(tokens[0] - timing.scheduled))
         m.prompt_tokens.labels(**labels).inc(request.prompt_tokens)
+        m.prompt_lengths.labels(**labels).observe(request.prompt_tokens)
         m.generation_tokens.labels(**labels).inc(len(tokens))

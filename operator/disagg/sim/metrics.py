@@ -11,7 +11,13 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from disagg.perf.buckets import (
+    ITL_BUCKETS,
+    REQUEST_LATENCY_BUCKETS,
+    SIM_MAX_MODEL_LEN,
+    TTFT_BUCKETS,
+    length_buckets,
+)
 
 LABELS: Final = ("model_name", "engine")
 NIXL_BYTES_BUCKETS: Final = tuple(2 ** (10 + i) for i in range(1, 25, 2))
@@ -66,6 +72,13 @@ class EngineMetrics:
             "Histogram of time spent in PREFILL phase for request.",
             LABELS,
             buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_lengths = Histogram(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            LABELS,
+            buckets=length_buckets(SIM_MAX_MODEL_LEN),
             registry=r,
         )
         self.host_lag = Histogram(
