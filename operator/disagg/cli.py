@@ -18,6 +18,7 @@ from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
+from disagg.diagnose.cli import register as register_diagnose
 from disagg.plan.cli import register as register_plan
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
@@ -122,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_run(sub)
     register_sim(sub)
     register_plan(sub)
+    register_diagnose(sub)
     register_simulate(sub)
     register_router(sub)
     engine = sub.add_parser("engine", help="engine-side tools (also the disagg-engine command)")
