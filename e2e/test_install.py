@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import subprocess
 import sys
 import uuid
@@ -31,8 +32,6 @@ def helm(
     *args: str, check: bool = True, kubeconfig: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env_args = [f"--kubeconfig={kubeconfig}"] if kubeconfig else []
-    if args[0] == "template":
-        env_args.append("--kube-version=1.35.4")
     result = subprocess.run(
         [str(HELM), *args, *env_args], capture_output=True, text=True, timeout=120, check=False
     )
@@ -43,6 +42,25 @@ def helm(
 
 def _docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_the_helm_built_here_renders_for_the_kubernetes_it_was_built_with(tmp_path: Path) -> None:
+    """Without a cluster, `helm template` fills .Capabilities from the version stamped at build
+    time (v1.20 when left unset, which the chart's kubeVersion refuses)."""
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.0.1\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\n"
+        "data: {kube: '{{ .Capabilities.KubeVersion.Version }}'}\n"
+    )
+    (rendered,) = _docs(helm("template", "r", str(chart)).stdout)
+    go_mod = (ROOT / "e2e" / "cluster" / "helm" / "go.mod").read_text()
+    client_minor = re.search(r"k8s.io/client-go v0\.(\d+)\.", go_mod)
+    assert client_minor is not None
+    assert rendered["data"]["kube"] == f"v1.{client_minor[1]}.0"
+    version = helm("version", "--short").stdout.strip()
+    assert version == re.search(r"helm.sh/helm/v3 (v[\d.]+)", go_mod)[1]  # type: ignore[index]
 
 
 def test_helm_lint_strict() -> None:
@@ -97,6 +115,19 @@ def test_helm_template_with_each_ci_values_file(values: str) -> None:
         assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
         assert "annotations" not in crd["metadata"]
+    if values == "extras-values.yaml":
+        assert container["args"][-1] == "--verbose"
+        assert container["env"][-1] == {
+            "name": "SSL_CERT_FILE",
+            "value": "/etc/ssl/corporate/ca.pem",
+        }
+        assert [m["name"] for m in container["volumeMounts"]] == ["tmp", "corporate-ca"]
+        assert [v["name"] for v in pod["volumes"]] == ["tmp", "corporate-ca"]
+        (spread,) = pod["topologySpreadConstraints"]
+        # Left out, the selector is the operator pods' own, so the spread counts them.
+        assert (
+            spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+        )
     if values == "default-values.yaml":
         assert deployment["spec"]["replicas"] == 2 and "--leader-election" in container["args"]
         assert not [d for d in docs if d["kind"] == "ServiceMonitor"], (
