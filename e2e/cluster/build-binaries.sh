@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control-plane binaries from the Go module proxy into a per-pin cache.
 #
-# The cache key is a hash of the wrapper go.mod/go.sum files, so a binary is rebuilt only
-# when its pin changes. Output: $DISAGG_CACHE/bin/<set>-<hash>/ plus a stable symlink
+# The cache key is a hash of the wrapper go.mod/go.sum files and the link flags, so a binary
+# is rebuilt only when its pin or the version stamped into it changes. Output: $DISAGG_CACHE/bin/<set>-<hash>/ plus a stable symlink
 # $DISAGG_CACHE/bin/<set> -> that directory. Nothing built here is ever committed.
 set -euo pipefail
 
@@ -15,12 +15,12 @@ if ! command -v go >/dev/null 2>&1; then
   exit 2
 fi
 
-key_of() { cat "$here/$1/go.mod" "$here/$1/go.sum" | sha256sum | cut -c1-12; }
+key_of() { { cat "$here/$1/go.mod" "$here/$1/go.sum"; echo "$2"; } | sha256sum | cut -c1-12; }
 
 build_set() {
   local set="$1" ldflags="$2"; shift 2
   local key dir log
-  key="$(key_of "$set")"
+  key="$(key_of "$set" "$ldflags")"
   dir="$cache/bin/$set-$key"
   log="$cache/logs/build-$set.log"
   if [[ -f "$dir/.complete" ]]; then
@@ -84,5 +84,15 @@ if [[ "$want" == all || "$want" == keda ]]; then
   echo "build-binaries: KEDA's CRDs are in $dir"
 fi
 if [[ "$want" == all || "$want" == helm ]] && [[ -d "$here/helm" ]]; then
-  build_set helm "-s -w" helm.sh/helm/v3/cmd/helm
+  # As Helm's own Makefile does: stamp its version, and the Kubernetes version it renders for
+  # without a cluster (.Capabilities.KubeVersion) from the client-go it is built with; left
+  # unset, that is v1.20 and a chart with kubeVersion ">=1.29" fails `helm template`.
+  helm_version="$(sed -n 's/^\s*helm.sh\/helm\/v3 \(v[0-9.]*\).*/\1/p' "$here/helm/go.mod" | head -n1)"
+  client_minor="$(sed -n 's/^\s*k8s.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$here/helm/go.mod" | head -n1)"
+  helm_flags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+  helm_flags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    helm_flags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$client_minor"
+  done
+  build_set helm "$helm_flags" helm.sh/helm/v3/cmd/helm
 fi
