@@ -242,3 +242,70 @@ def _model(
 def test_argocd_health_maps_conditions(obj: dict[str, Any], status: str, message: str) -> None:
     got_status, got_message = _health(obj)
     assert got_status == status and message in got_message
+
+
+def _lock_module() -> Any:
+    sys.path.insert(0, str(ROOT / "images"))
+    try:
+        import lock
+    finally:
+        sys.path.remove(str(ROOT / "images"))
+    return lock
+
+
+@pytest.mark.parametrize("image", ["operator", "router"])
+def test_the_image_locks_are_what_the_tests_ran_with(image: str) -> None:
+    lock = _lock_module()
+    assert (ROOT / "images" / f"{image}.lock").read_text() == lock.lock_text(image), (
+        "run `make lock`"
+    )
+
+
+@pytest.mark.parametrize("image", ["operator", "router"])
+def test_every_locked_version_is_inside_the_declared_ranges(image: str) -> None:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    lines = (ROOT / "images" / f"{image}.lock").read_text().splitlines()
+    pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = list(project["dependencies"])
+    if image == "router":
+        declared += project["optional-dependencies"]["tokenizer"]
+    for text in declared:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        if name == "disagg-engine":
+            continue  # installed from ./engine beside the project
+        assert name in pins, f"{image}.lock misses {name}"
+        assert requirement.specifier.contains(pins[name]), (text, pins[name])
+
+
+def test_installing_the_operator_pulls_no_plotting_simulator_or_dev_package() -> None:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {Requirement(text).name for text in project["dependencies"]}
+    assert not names & {"matplotlib", "rich", "numpy", "pytest", "mypy", "tokenizers"}, names
+    assert all("==" not in text for text in project["dependencies"] if "disagg" not in text)
+    locked = (ROOT / "images" / "operator.lock").read_text()
+    for heavy in ("matplotlib", "numpy", "rich", "pillow"):
+        assert f"\n{heavy}==" not in locked, heavy
+
+
+def test_a_command_that_needs_the_tools_extra_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    from disagg.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["demo"])
+    assert str(exited.value) == (
+        "error: disagg demo needs matplotlib: pip install 'disagg-operator[tools]'"
+    )

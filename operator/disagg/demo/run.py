@@ -31,6 +31,7 @@ from disagg.demo.stack import MODEL, Stack, drive, model_manifest, stack
 from disagg.demo.story import STORIES, Phase
 from disagg.devcluster.layout import Layout, cache_dir, default_state_dir
 from disagg.devcluster.runner import ClusterError, down, ensure_binaries, repo_root, up
+from disagg.extras import require_tools
 
 NAMESPACE = "demo"
 RELEASE_NAMESPACE = "disagg-system"
@@ -344,6 +345,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.action == "down":
         down(Layout(default_state_dir()), _say)
         return 0
+    require_tools("disagg demo")
     return run(args)
 
 

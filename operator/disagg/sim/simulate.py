@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from disagg.extras import require_tools
 from disagg.perf import GPUS, MODELS, NETWORKS
 from disagg.perf.fitted import LATENCY_MODELS
 from disagg.sim.fleet import simulate
@@ -81,6 +82,8 @@ def check(scenario: Scenario) -> list[str]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        require_tools("disagg simulate --out", ("matplotlib",))
     scenario = scenario_from(args)
     problems = check(scenario)
     if problems:
