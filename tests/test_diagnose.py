@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from itertools import pairwise
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def test_interference_on_a_colocated_model_suggests_a_smaller_budget_that_meets_
     assert advice.budget.mixed_step <= 0.8 * SLO.tpot
     assert advice.budget.long_prompt_ttft <= 0.8 * SLO.ttft
     assert advice.command == (
-        "disagg plan --model llama-3.1-8b --gpu h100 --rate 2 --input-tokens 2000 "
+        "disagg plan --model llama-3.1-8b --gpu h100 --network ib400 --rate 2 --input-tokens 2000 "
         "--output-tokens 170 --ttft 2 --tpot 0.05"
     )
 
@@ -280,3 +281,15 @@ def test_a_manifest_without_the_model_is_refused(
     code = main(["diagnose", "--prometheus", "http://p", "--model", "chat", "-f", str(manifest)])
     assert code == 1
     assert f"{manifest}: no DisaggregatedModel named 'chat'" in capsys.readouterr().err
+
+
+def test_the_suggested_plan_command_runs_as_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    line = wave()
+    slo = Slo(ttft=0.3, tpot=0.05)
+    traffic = Traffic(rate=2.0, mean_prompt=2000, p99_prompt=12_000, mean_output=170)
+    advice = next_step(diagnose(line, slo), line, slo, FACTS, traffic)
+    assert advice.command is not None
+    argv = shlex.split(advice.command)
+    assert argv[:2] == ["disagg", "plan"]
+    assert main([*argv[1:], "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] in ("colocated", "disaggregated")

@@ -47,6 +47,8 @@ class EngineFacts:
     budget: int | None
     model_profile: str | None
     gpu: str
+    network: str = "ib400"
+    """The link a split's KV cache would cross (for the `disagg plan` command)."""
 
 
 @dataclass(frozen=True)
@@ -96,10 +98,8 @@ def best_budget(
 
 def plan_command(facts: EngineFacts, traffic: Traffic, slo: Slo) -> str:
     """`disagg plan` for the traffic observed (flags it could not measure are left out)."""
-    argv = ["disagg", "plan"]
-    if facts.model_profile:
-        argv += ["--model", facts.model_profile]
-    argv += ["--gpu", facts.gpu]
+    argv = ["disagg", "plan", "--model", facts.model_profile or "MODEL_PROFILE"]
+    argv += ["--gpu", facts.gpu, "--network", facts.network]
     if traffic.rate:
         argv += ["--rate", f"{traffic.rate:.3g}"]
     if traffic.mean_prompt:
@@ -130,9 +130,7 @@ def _interference(
         )
     longest_seen = max((s.mean_prompt or 0.0) for s in finding.spikes)
     long_prompt = round(max(traffic.p99_prompt or 0.0, longest_seen, 1.0))
-    running = math.ceil(
-        max(s.running for s in finding.spikes) / max(1, timeline.steps[-1].decode_pods)
-    )
+    running = math.ceil(max(s.running / max(1, s.decode_pods) for s in finding.spikes))
     context = round((traffic.mean_prompt or long_prompt) + (traffic.mean_output or 0.0) / 2)
     budget, _ = best_budget(facts.shape, slo, long_prompt, running, context)
     if budget is not None and (facts.budget is None or budget.tokens < facts.budget):

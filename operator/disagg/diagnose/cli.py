@@ -24,6 +24,7 @@ from disagg.diagnose.advice import EngineFacts, NextStep, Traffic, next_step
 from disagg.diagnose.report import to_json, to_text
 from disagg.diagnose.series import Series, by_role, range_queries, timeline, traffic_queries
 from disagg.diagnose.verdict import Slo, diagnose
+from disagg.perf import NETWORKS
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import EngineShape
 
@@ -67,6 +68,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument("--backend", choices=("vllm", "sglang"), help="default: manifest's, or vllm")
     cmd.add_argument("--model-profile", help="latency model for a suggested chunk budget")
     cmd.add_argument("--gpu", default="h100", help="GPU profile (default h100)")
+    cmd.add_argument(
+        "--network",
+        choices=sorted(NETWORKS),
+        default="ib400",
+        help="link a split's KV cache would cross, for the suggested `disagg plan` command",
+    )
     cmd.add_argument("--tensor-parallel-size", type=int, help="TP of the pool that decodes")
     cmd.add_argument("--max-num-batched-tokens", type=int, help="its chunked-prefill budget now")
     cmd.add_argument("--timeout", default="10s", help="per query (default 10s)")
@@ -120,7 +127,7 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts]:
         if value is not None and value < 1:
             raise DiagnoseError(f"{flag}: must be at least 1, got {value}")
     shape = EngineShape(profile, gpu, tp) if profile else None
-    facts = EngineFacts(shape, budget, profile.name if profile else None, gpu.name)
+    facts = EngineFacts(shape, budget, profile.name if profile else None, gpu.name, args.network)
     return Slo(ttft, tpot), backend, facts
 
 
