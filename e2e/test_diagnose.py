@@ -18,6 +18,7 @@ import pytest
 
 from dataplane import LOG_DIR, engine, router
 from diagnosis import NAMESPACE, Prometheus, Stream, Target, drive, prometheus
+from harness import Kube
 
 CHAT = Stream(0, 50, 2, 300, 200)
 WAVE = Stream(15, 35, 1.0, 12_000, 8)
@@ -74,6 +75,8 @@ def diagnose(server: Prometheus, model: str, *flags: str) -> tuple[int, str, str
         "--model", model, "--namespace", NAMESPACE, "--since", "75s", "--step", "2s",
         "--window", "4s", "--model-profile", "llama-3.1-8b", *flags,
     ]  # fmt: skip
+    if "--kubeconfig" not in flags:
+        argv.append("--no-cluster")  # the story's engines belong to no model in a cluster
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     return result.returncode, result.stdout, result.stderr
 
@@ -173,3 +176,34 @@ def test_the_suggested_budget_brings_tpot_p99_back_within_the_slo(
         chunked.stop()
     assert after["verdict"] == "healthy", after
     assert after["numbers"]["peakTpotP99"] < before["numbers"]["peakTpotP99"] / 3, (before, after)
+
+
+def test_the_model_in_the_cluster_gives_the_slos_and_engine_facts(
+    story: tuple[Prometheus, list[list[int]]], kube: Kube, namespace: str
+) -> None:
+    server, _ = story
+    manifest = {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": "chat", "namespace": namespace},
+        "spec": {
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "decode": {"tensorParallelSize": 2, "maxNumBatchedTokens": 4096},
+            "autoscaling": {"ttftP99": "3s", "tpotP99": "80ms"},
+        },
+    }
+    kube.run("apply", "-f", "-", stdin=json.dumps(manifest))
+    argv = ["--kubeconfig", str(kube.layout.kubeconfig), "--namespace", namespace]
+    code, out, err = diagnose(server, "chat", *argv, "-o", "json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["settingsFrom"] == "cluster", found
+    assert found["slo"] == {"ttftSeconds": 3.0, "tpotSeconds": 0.08}
+    # The model's series are not in this Prometheus: nothing to decide, and it says why.
+    assert found["verdict"] == "not-enough-data"
+    code, _, err = diagnose(server, "no-such-model", *argv)
+    assert code == 1
+    assert err.strip() == (
+        f"error: no DisaggregatedModel {namespace}/no-such-model in the cluster "
+        "(--no-cluster skips it)"
+    )

@@ -221,7 +221,9 @@ def test_the_report_is_json_and_text_with_the_correlated_windows() -> None:
 
 
 def _args(*flags: str) -> object:
-    return build_parser().parse_args(["diagnose", "--prometheus", "http://p:9090", *flags])
+    return build_parser().parse_args(
+        ["diagnose", "--prometheus", "http://p:9090", "--no-cluster", *flags]
+    )
 
 
 def test_slos_backend_tp_and_budget_come_from_the_manifest(tmp_path: Path) -> None:
@@ -232,12 +234,12 @@ def test_slos_backend_tp_and_budget_come_from_the_manifest(tmp_path: Path) -> No
         "  decode: {tensorParallelSize: 2, maxNumBatchedTokens: 4096}\n"
         "  autoscaling: {ttftP99: 3s, tpotP99: 40ms}\n"
     )
-    slo, backend, facts = _settings(_args("--model", "chat", "-f", str(manifest)))  # type: ignore[arg-type]
-    assert slo == Slo(3.0, 0.04) and backend == "vllm"
+    slo, backend, facts, source = _settings(_args("--model", "chat", "-f", str(manifest)))  # type: ignore[arg-type]
+    assert slo == Slo(3.0, 0.04) and backend == "vllm" and source == "manifest"
     assert facts.budget == 4096 and facts.shape is not None and facts.shape.tp == 2
     assert facts.model_profile == "llama-3.1-8b"
     # A flag wins over the manifest.
-    slo, _, _ = _settings(_args("--model", "chat", "-f", str(manifest), "--tpot-slo", "80ms"))  # type: ignore[arg-type]
+    slo, _, _, _ = _settings(_args("--model", "chat", "-f", str(manifest), "--tpot-slo", "80ms"))  # type: ignore[arg-type]
     assert math.isclose(slo.tpot, 0.08)
 
 
@@ -255,14 +257,15 @@ def test_slos_backend_tp_and_budget_come_from_the_manifest(tmp_path: Path) -> No
 def test_bad_flags_are_one_line_naming_the_flag(
     flags: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["diagnose", "--prometheus", "http://127.0.0.1:9", "--model", "m", *flags])
+    argv = ["diagnose", "--prometheus", "http://127.0.0.1:9", "--model", "m", "--no-cluster"]
+    code = main([*argv, *flags])
     err = capsys.readouterr().err
     assert code == 1 and err.startswith(message), err
     assert err.count("\n") == 1
 
 
 def test_an_unreachable_prometheus_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["diagnose", "--prometheus", "http://127.0.0.1:9", "--model", "m"])
+    code = main(["diagnose", "--prometheus", "http://127.0.0.1:9", "--model", "m", "--no-cluster"])
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
     assert captured.err == (
@@ -293,3 +296,19 @@ def test_the_suggested_plan_command_runs_as_printed(capsys: pytest.CaptureFixtur
     assert argv[:2] == ["disagg", "plan"]
     assert main([*argv[1:], "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] in ("colocated", "disaggregated")
+
+
+def test_an_explicit_cluster_that_cannot_be_reached_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    argv = ["diagnose", "--prometheus", "http://127.0.0.1:9", "--model", "chat"]
+    code = main([*argv, "--namespace", "team-a", "--kubeconfig", str(kubeconfig)])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.startswith("error: cannot read DisaggregatedModel team-a/chat: "), err

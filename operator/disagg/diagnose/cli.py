@@ -7,18 +7,21 @@ no retries) and reading the optional manifest; everything it decides is in the p
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from disagg.api.base import parse_duration
+from disagg.api.resource import KIND, ManifestError, parse_model
 from disagg.autoscale.queries import prometheus_duration
 from disagg.diagnose.advice import EngineFacts, NextStep, Traffic, next_step
 from disagg.diagnose.report import to_json, to_text
@@ -63,6 +66,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument("--step", help="resolution (default: since/120, at least 15s)")
     cmd.add_argument("--window", help="rate window of each step (default: twice the step)")
     cmd.add_argument("-f", "--file", help="the model's manifest: SLOs, backend, TP and budget")
+    cmd.add_argument(
+        "--kubeconfig",
+        help="read the model from this cluster instead (default: $KUBECONFIG or ~/.kube/config "
+        "or in-cluster, when reachable)",
+    )
+    cmd.add_argument(
+        "--no-cluster", action="store_true", help="do not read the model from a cluster"
+    )
     cmd.add_argument("--ttft-slo", help="TTFT p99 SLO, e.g. 2s (default: the manifest's, or 2s)")
     cmd.add_argument("--tpot-slo", help="TPOT p99 SLO, e.g. 50ms (default: manifest's, or 50ms)")
     cmd.add_argument("--backend", choices=("vllm", "sglang"), help="default: manifest's, or vllm")
@@ -91,16 +102,65 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts]:
-    """SLOs, backend and engine facts from the flags, then the manifest, then defaults."""
+def _from_cluster(
+    kubeconfig: str | None, namespace: str, name: str, timeout: float
+) -> dict[str, Any] | None:
+    """The DisaggregatedModel from the cluster, or None when no cluster is configured; a
+    DiagnoseError when the cluster answers no such model, or an explicit one is unreachable."""
+    from kubernetes.config import ConfigException
+
+    from disagg.kube.client import KubeClient, KubeError
+
+    async def fetch() -> dict[str, Any] | None:
+        client = await KubeClient.connect(kubeconfig)
+        try:
+            return await asyncio.wait_for(client.get(KIND, namespace, name), timeout)
+        finally:
+            await client.close()
+
+    try:
+        found = asyncio.run(fetch())
+    except (ConfigException, FileNotFoundError, TypeError) as error:
+        if kubeconfig:
+            raise DiagnoseError(f"--kubeconfig: {error}") from None
+        return None
+    except (KubeError, httpx.HTTPError, TimeoutError, OSError) as error:
+        if kubeconfig:
+            raise DiagnoseError(f"cannot read {KIND} {namespace}/{name}: {error}") from None
+        print(
+            f"warning: cannot read {KIND} {namespace}/{name} from the cluster ({error}); "
+            "using flags and defaults",
+            file=sys.stderr,
+        )
+        return None
+    if found is None:
+        raise DiagnoseError(f"no {KIND} {namespace}/{name} in the cluster (--no-cluster skips it)")
+    return found
+
+
+def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts, str]:
+    """SLOs, backend and engine facts from the flags, then the manifest or the cluster's
+    model, then defaults; and where the model's settings came from."""
     spec = None
+    source = "defaults"
     if args.file:
         from disagg.cli import load_models  # disagg.cli imports this module
 
         models = [m for m in load_models(args.file) if m.metadata.name == args.model]
         if not models:
             raise DiagnoseError(f"{args.file}: no DisaggregatedModel named {args.model!r}")
-        spec = models[0].spec
+        spec, source = models[0].spec, "manifest"
+    elif not args.no_cluster:
+        found = _from_cluster(
+            args.kubeconfig, args.namespace, args.model, _seconds("--timeout", args.timeout)
+        )
+        if found is not None:
+            try:
+                spec, source = parse_model(found).spec, "cluster"
+            except ManifestError as error:
+                raise DiagnoseError(
+                    f"{KIND} {args.namespace}/{args.model}: " + "; ".join(error.problems)
+                ) from None
     ttft = (
         _seconds("--ttft-slo", args.ttft_slo) if args.ttft_slo
         else parse_duration(spec.autoscaling.ttft_p99) if spec else DEFAULT_TTFT
@@ -128,7 +188,7 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts]:
             raise DiagnoseError(f"{flag}: must be at least 1, got {value}")
     shape = EngineShape(profile, gpu, tp) if profile else None
     facts = EngineFacts(shape, budget, profile.name if profile else None, gpu.name, args.network)
-    return Slo(ttft, tpot), backend, facts
+    return Slo(ttft, tpot), backend, facts, source
 
 
 def _client(url: str, timeout: float) -> PrometheusConnect:
@@ -163,7 +223,7 @@ def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
         raise DiagnoseError(f"--step: {since / step:.0f} steps in --since; at most {MAX_POINTS}")
     if step > since:
         raise DiagnoseError("--step: longer than --since")
-    slo, backend, facts = _settings(args)
+    slo, backend, facts, source = _settings(args)
     client = _client(args.prometheus, timeout)
     start, end = datetime.fromtimestamp(now - since, UTC), datetime.fromtimestamp(now, UTC)
     answers: dict[Series, Any] = {}
@@ -196,5 +256,6 @@ def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
         "model": args.model, "namespace": args.namespace, "prometheus": args.prometheus,
         "start": start.isoformat(timespec="seconds"), "end": end.isoformat(timespec="seconds"),
         "stepSeconds": step, "windowSeconds": window, "backend": backend,
+        "settingsFrom": source,
     }  # fmt: skip
     return to_json(context, line, finding, slo, traffic, step_advice)
