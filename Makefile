@@ -9,7 +9,7 @@ DISAGG_CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE
 LINT_DIRS := $(wildcard operator engine tests e2e bench manifests)
 
-.PHONY: help venv test test-fast test-e2e lint crds manifests lock demo demo-down binaries system-packages clean
+.PHONY: help venv test test-fast test-e2e lint crds manifests lock images demo demo-down binaries system-packages clean
 
 help:
 	@echo "make test   - lint, fast tests and e2e tests against the local control plane"
@@ -41,6 +41,9 @@ lint: $(STAMP)
 crds: $(STAMP)
 	$(BIN)/disagg crds --output-dir crds
 	cp crds/disaggregatedmodels.disagg.dev.yaml charts/disagg-operator/files/
+
+images: $(STAMP) system-packages
+	bash images/build.sh operator router
 
 lock: $(STAMP)
 	$(BIN)/python images/lock.py

@@ -4,6 +4,11 @@ set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# The image builds (images/build.sh) and their run test: Debian's own tools, no Docker. runc,
+# not only podman's default crun, because crun refuses hosts with hybrid cgroups.
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v runc >/dev/null 2>&1 || need+=(runc)
 if ((${#need[@]})); then
   echo "install-system-packages: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,186 @@
+"""The operator and router images, built here with images/build.sh (mmdebstrap, podman; no
+Docker) and started with Debian's podman as the cluster would run them: non-root, read-only
+root filesystem, a writable /tmp only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dataplane import LOG_DIR, engine
+from disagg.demo.procs import wait_for
+from disagg.devcluster.layout import cache_dir, free_port
+from harness import ROOT, Kube
+
+IMAGES = cache_dir() / "images"
+UID = "65532"
+
+
+ENV = {
+    "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+    "CONTAINERS_CONF": str(ROOT / "images" / "containers.conf"),
+}
+"""images/containers.conf: this VM forbids raising rlimits in a container's init."""
+
+
+def podman_argv(*args: str) -> list[str]:
+    # crun refuses hosts with hybrid cgroups; runc runs them.
+    runtime = ["--runtime", "runc"] if shutil.which("runc") else []
+    return ["podman", *runtime, *args]
+
+
+def podman(
+    *args: str, timeout: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        podman_argv(*args), capture_output=True, text=True, timeout=timeout, check=False, env=ENV
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def background(log: Path, *args: str) -> subprocess.Popen[bytes]:
+    """A container left running, its output in ``log`` (the caller removes it by name)."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        return subprocess.Popen(podman_argv(*args), stdout=out, stderr=subprocess.STDOUT, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, str]:
+    """image -> tag, built (or found in the cache) by the same script as `make images`."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "images" / "build.sh"), "operator", "router"],
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return {name: (IMAGES / name / "tag").read_text().strip() for name in ("operator", "router")}
+
+
+def run(tag: str, *args: str, entrypoint: str | None = None) -> subprocess.CompletedProcess[str]:
+    flags = ["--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none"]
+    if entrypoint:
+        flags += ["--entrypoint", entrypoint]
+    return podman("run", *flags, tag, *args, check=False)
+
+
+@pytest.mark.parametrize("name", ["operator", "router"])
+def test_each_image_runs_as_its_own_user_on_a_read_only_root(
+    images: dict[str, str], name: str
+) -> None:
+    tag = images[name]
+    assert run(tag, "-u", entrypoint="id").stdout.strip() == UID
+    refused = run(tag, "-c", "touch /probe", entrypoint="sh")
+    assert refused.returncode != 0 and "Read-only file system" in refused.stderr
+    helped = run(tag, "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert ("disagg router" if name == "router" else "usage: disagg") in helped.stdout
+
+
+@pytest.mark.parametrize("name", ["operator", "router"])
+def test_each_image_lists_its_packages_and_holds_exactly_the_locked_ones(name: str) -> None:
+    directory = IMAGES / name
+    debian = (directory / "packages-debian.txt").read_text().split("\n")
+    assert any(line.startswith("python3.11 ") for line in debian), debian[:5]
+    python = dict(
+        line.split(" ")
+        for line in (directory / "packages-python.txt").read_text().split("\n")
+        if line
+    )
+    locked = dict(
+        line.split("==")
+        for line in (ROOT / "images" / f"{name}.lock").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    canonical = {key.lower().replace("_", "-"): value for key, value in python.items()}
+    assert canonical.pop("disagg-operator") == canonical.pop("disagg-engine")
+    assert canonical == locked
+    assert "matplotlib" not in canonical and "numpy" not in canonical
+
+
+def test_the_router_image_serves_health_and_proxies_to_an_engine(images: dict[str, str]) -> None:
+    backend = engine("img-engine", "127.45.0.1", "both", time_scale=0.05)
+    port = free_port()
+    name = f"disagg-router-{uuid.uuid4().hex[:8]}"
+    flags = ["--rm", "--read-only", "--tmpfs", "/tmp", "--network", "host", "--name", name]
+    args = ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"]
+    log = LOG_DIR / "img-router.log"
+    proc = background(log, "run", *flags, images["router"], *args, "--decode", backend.url)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_for("the router container to answer /health", healthy, timeout=60)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{log.read_text()[-2000:]}") from None
+        answer = httpx.post(
+            url + "/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 4},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 4
+    finally:
+        podman("rm", "--force", name, check=False)
+        proc.wait(timeout=60)
+        backend.stop()
+
+
+@pytest.fixture
+def empty_namespace(kube: Kube) -> Iterator[str]:
+    name = f"img-{uuid.uuid4().hex[:8]}"
+    kube.run("create", "namespace", name)
+    yield name
+    kube.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_the_operator_image_watches_a_real_api_server(
+    images: dict[str, str], kube: Kube, empty_namespace: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    name = f"disagg-operator-{uuid.uuid4().hex[:8]}"
+    # The operator runs as its own user, as from a mounted Secret readable to it.
+    kubeconfig = tmp_path / "kubeconfig"
+    shutil.copy(kube.layout.kubeconfig, kubeconfig)
+    kubeconfig.chmod(0o644)
+    tmp_path.chmod(0o755)
+    flags = [
+        "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "host", "--name", name,
+        "-v", f"{kubeconfig}:/etc/disagg/kubeconfig:ro",
+    ]  # fmt: skip
+    args = [
+        "run", "--kubeconfig", "/etc/disagg/kubeconfig", "--namespace", empty_namespace,
+        "--metrics-address", f"127.0.0.1:{port}", "--no-leader-election",
+    ]  # fmt: skip
+    log = LOG_DIR / "img-operator.log"
+    proc = background(log, "run", *flags, images["operator"], *args)
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        # /readyz answers 200 only once the operator watches and reaches the API server.
+        try:
+            wait_for("the operator container to be ready", ready, timeout=90)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{log.read_text()[-2000:]}") from None
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    finally:
+        podman("rm", "--force", name, check=False)
+        proc.wait(timeout=60)

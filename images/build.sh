@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Builds the operator and router images without Docker: a minimal Debian root made with
+# Debian's own mmdebstrap, the locked wheels installed inside it, then imported with podman
+# and saved as an OCI archive, with the package lists beside it (an SBOM-style inventory).
+#
+#   images/build.sh operator router     (make images)
+#
+# Output, cached per hash of everything that goes in:
+#   $DISAGG_CACHE/images/<image>-<key>/{<image>.oci.tar,packages-debian.txt,packages-python.txt}
+#   $DISAGG_CACHE/images/<image> -> that directory
+# and the image localhost/disagg-<image>:<version> in podman's local store.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${DISAGG_CACHE:-$HOME/.cache/disagg}"
+python="${PYTHON:-$root/.venv/bin/python}"
+suite="${DEBIAN_SUITE:-bookworm}"
+mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/pyproject.toml" | head -n1)"
+
+for tool in mmdebstrap podman; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "images: $tool is missing (make system-packages installs it)" >&2
+    exit 2
+  fi
+done
+
+inputs_key() {
+  local image="$1"
+  (
+    cd "$root"
+    find operator/disagg engine/src -type f -name '*.py' -o -type f -name '*.yaml' -o -type f -name py.typed
+    echo pyproject.toml engine/pyproject.toml README.md "images/$image.lock" images/build.sh
+  ) | tr ' ' '\n' | sort | (cd "$root" && xargs sha256sum) | { cat; echo "$suite $mirror"; } \
+    | sha256sum | cut -c1-12
+}
+
+entrypoint_of() {
+  case "$1" in
+    operator) echo '["disagg"]|["run"]' ;;
+    router) echo '["disagg","router"]|[]' ;;
+    *) echo "images: unknown image $1 (operator or router)" >&2; exit 2 ;;
+  esac
+}
+
+build() {
+  local image="$1" key dir work entry cmd
+  entry="$(entrypoint_of "$image")"
+  cmd="${entry#*|}"
+  entry="${entry%|*}"
+  key="$(inputs_key "$image")"
+  dir="$cache/images/$image-$key"
+  if [[ -f "$dir/.complete" ]] && podman image exists "localhost/disagg-$image:$version-$key"; then
+    ln -sfn "$dir" "$cache/images/$image"
+    echo "images: $image is cached in $dir"
+    return 0
+  fi
+  echo "images: building $image ($suite from $mirror; a few minutes)"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' RETURN
+  # The locked dependencies as wheels (built from sdists where a package has no wheel), and
+  # the project's own two distributions, built offline.
+  "$python" -m pip wheel --quiet --no-deps --only-binary=:none: -r "$root/images/$image.lock" \
+    -w "$work/wheels" 2>"$dir/wheels.log" || {
+    echo "images: fetching the locked wheels failed; see $dir/wheels.log" >&2
+    exit 1
+  }
+  "$python" -m pip wheel --quiet --no-deps --no-build-isolation "$root/engine" "$root" \
+    -w "$work/wheels" 2>>"$dir/wheels.log"
+  # A Debian base with only the Essential set, Python and CA certificates; docs and man pages
+  # left out. pip runs inside the new root (Debian's pip installs into /usr/local), so the
+  # console scripts point at its python3.
+  mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --customize-hook='mkdir -p "$1/tmp/wheels"' --customize-hook="sync-in '$work/wheels' /tmp/wheels" \
+    --customize-hook='chroot "$1" sh -c "python3 -m pip install --quiet --no-index --no-deps --no-cache-dir --break-system-packages /tmp/wheels/*.whl"' \
+    --customize-hook='chroot "$1" python3 -m pip uninstall --quiet --yes --break-system-packages pip' \
+    --customize-hook='rm -rf "$1/tmp/wheels" "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
+    --customize-hook="chroot \"\$1\" dpkg-query -W -f='\${Package} \${Version}\n' > '$dir/packages-debian.txt'" \
+    --customize-hook="ls \"\$1/usr/local/lib\"/python3*/dist-packages | sed -n 's/^\(.*\)-\([^-]*\)\.dist-info\$/\1 \2/p' > '$dir/packages-python.txt'" \
+    --format=tar "$suite" "$work/rootfs.tar" "$mirror" >"$dir/mmdebstrap.log" 2>&1 || {
+    echo "images: mmdebstrap failed; the last lines of $dir/mmdebstrap.log:" >&2
+    tail -n 20 "$dir/mmdebstrap.log" >&2
+    exit 1
+  }
+  local tag="localhost/disagg-$image:$version-$key"
+  podman import --quiet \
+    --change 'USER 65532:65532' --change 'WORKDIR /tmp' \
+    --change 'ENV HOME=/tmp PYTHONUNBUFFERED=1' \
+    --change "ENTRYPOINT $entry" --change "CMD $cmd" \
+    --change "LABEL org.opencontainers.image.title=disagg-$image org.opencontainers.image.version=$version" \
+    "$work/rootfs.tar" "$tag" >/dev/null
+  podman tag "$tag" "localhost/disagg-$image:$version"
+  podman save --quiet --format oci-archive -o "$dir/$image.oci.tar" "$tag"
+  echo "$tag" >"$dir/tag"
+  touch "$dir/.complete"
+  ln -sfn "$dir" "$cache/images/$image"
+  # Earlier builds of this image go: their archives and their entries in podman's store.
+  for old in "$cache/images/$image"-*; do
+    [[ "$old" == "$dir" || ! -d "$old" ]] && continue
+    [[ -f "$old/tag" ]] && podman rmi --force "$(cat "$old/tag")" >/dev/null 2>&1 || true
+    rm -rf "$old"
+  done
+  echo "images: $image built: $tag, $dir/$image.oci.tar ($(du -h "$dir/$image.oci.tar" | cut -f1))"
+}
+
+mkdir -p "$cache/images"
+for image in "${@:-operator router}"; do
+  for one in $image; do build "$one"; done
+done
