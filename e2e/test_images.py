@@ -53,6 +53,21 @@ def background(log: Path, *args: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(podman_argv(*args), stdout=out, stderr=subprocess.STDOUT, env=ENV)
 
 
+def await_ok(what: str, url: str, log: Path, timeout: float) -> None:
+    """Wait until ``url`` answers 200; on timeout, fail with the container's last output."""
+
+    def ok() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(f"{what} to answer {url}", ok, timeout=timeout)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{log.read_text()[-2000:]}") from None
+
+
 @pytest.fixture(scope="module")
 def images() -> dict[str, str]:
     """image -> tag, built (or found in the cache) by the same script as `make images`."""
@@ -116,16 +131,7 @@ def test_the_router_image_serves_health_and_proxies_to_an_engine(images: dict[st
     try:
         url = f"http://127.0.0.1:{port}"
 
-        def healthy() -> bool:
-            try:
-                return httpx.get(url + "/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            wait_for("the router container to answer /health", healthy, timeout=60)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{log.read_text()[-2000:]}") from None
+        await_ok("the router container", url + "/health", log, timeout=60)
         answer = httpx.post(
             url + "/v1/completions",
             json={"model": "m", "prompt": "hi", "max_tokens": 4},
@@ -168,18 +174,8 @@ def test_the_operator_image_watches_a_real_api_server(
     log = LOG_DIR / "img-operator.log"
     proc = background(log, "run", *flags, images["operator"], *args)
     try:
-
-        def ready() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
         # /readyz answers 200 only once the operator watches and reaches the API server.
-        try:
-            wait_for("the operator container to be ready", ready, timeout=90)
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{log.read_text()[-2000:]}") from None
+        await_ok("the operator container", f"http://127.0.0.1:{port}/readyz", log, timeout=90)
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
     finally:
         podman("rm", "--force", name, check=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -210,7 +211,7 @@ def _instant(value: list[dict[str, Any]]) -> float | None:
     if not value:
         return None
     number = float(value[0]["value"][1])
-    return number if number == number and abs(number) != float("inf") else None
+    return number if math.isfinite(number) else None
 
 
 def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
