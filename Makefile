@@ -18,10 +18,12 @@ help:
 	@echo "make crds   - regenerate crds/ (and the chart's copy) from the pydantic models"
 	@echo "make manifests - regenerate manifests/install.yaml and the Argo CD health patch"
 
-$(STAMP): pyproject.toml engine/pyproject.toml
+# The dev venv takes the images' exact versions (router.lock is the larger set), so the tests
+# run what the images ship; `make lock` writes the locks back from it after an upgrade.
+$(STAMP): pyproject.toml engine/pyproject.toml images/router.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ./engine -e '.[dev]'
+	$(BIN)/pip install --quiet -c images/router.lock -e ./engine -e '.[dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
