@@ -97,12 +97,14 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def model_selector(namespace: str, model: str) -> str:
+    """The label matchers of every engine series of one model (both pools)."""
+    return f'namespace="{_escape(namespace)}",disagg_model="{_escape(model)}"'
+
+
 def pool_selector(namespace: str, model: str, role: str) -> str:
     """The label matchers of one pool's engine series."""
-    return (
-        f'namespace="{_escape(namespace)}",disagg_model="{_escape(model)}",'
-        f'disagg_role="{_escape(role)}"'
-    )
+    return f'{model_selector(namespace, model)},disagg_role="{_escape(role)}"'
 
 
 def prometheus_duration(seconds: float) -> str:

@@ -14,7 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from disagg.autoscale.queries import SGLANG, VLLM, MetricNames, prometheus_duration
+from disagg.autoscale.queries import (
+    SGLANG,
+    VLLM,
+    MetricNames,
+    model_selector,
+    pool_selector,
+    prometheus_duration,
+)
 
 Series = Literal[
     "tpotP99", "ttftP99", "promptTokensRate", "promptsRate", "waiting", "running", "kvUsage",
@@ -42,15 +49,6 @@ def metric_names(backend: str) -> MetricNames:
     return VLLM if backend == "vllm" else SGLANG
 
 
-def model_selector(namespace: str, model: str) -> str:
-    """Label matchers of every engine series of one model (both pools)."""
-
-    def quoted(value: str) -> str:
-        return value.replace("\\", "\\\\").replace('"', '\\"')
-
-    return f'namespace="{quoted(namespace)}",disagg_model="{quoted(model)}"'
-
-
 def range_queries(
     backend: str, namespace: str, model: str, window_seconds: float
 ) -> dict[Series, str]:
@@ -71,7 +69,7 @@ def traffic_queries(
     output length, and the prompt-length mix (mean and quantiles from the engine's
     prompt-length histogram when it exports one; the mean from the token counter)."""
     names = metric_names(backend)
-    decodes = f'{model_selector(namespace, model)},disagg_role="{decoding_role}"'
+    decodes = pool_selector(namespace, model, decoding_role)
     since = prometheus_duration(since_seconds)
 
     def increase(metric: str, selector: str) -> str:
