@@ -16,7 +16,7 @@ help:
 	@echo "make demo   - the whole system end to end on this machine"
 	@echo "make lint   - ruff, mypy --strict, import-linter"
 	@echo "make crds   - regenerate crds/ (and the chart's copy) from the pydantic models"
-	@echo "make manifests - regenerate manifests/install.yaml and the Argo CD health patch"
+	@echo "make manifests - regenerate manifests/install.yaml, the Argo CD health patch, the chart schema and README"
 
 # The dev venv takes the images' exact versions (router.lock is the larger set), so the tests
 # run what the images ship; `make lock` writes the locks back from it after an upgrade.

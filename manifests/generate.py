@@ -3,18 +3,21 @@
 * manifests/install.yaml: `helm template` of the chart with default values, plus the
   Namespace, for `kubectl apply --server-side -f manifests/install.yaml`;
 * manifests/argocd/argocd-cm-patch.yaml: the Argo CD health check, embedding health.lua;
-* charts/disagg-operator/README.md: the chart's README, its values table read from the
-  comments in values.yaml (the comment above a key describes it).
+* charts/disagg-operator/values.schema.json and README.md: the chart's values schema and its
+  README's values table, both read from values.yaml and its comments (`values_doc.py`).
 
 Tests regenerate them and fail when the committed files differ.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from values_doc import values_schema, values_table
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "disagg-operator"
@@ -60,34 +63,6 @@ def argocd_patch() -> str:
     return template + "".join(f"    {line}\n" if line else "\n" for line in lua.splitlines())
 
 
-_KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_]+):(?: (?P<value>.*))?$")
-
-
-def values_table(values_yaml: str) -> list[tuple[str, str, str]]:
-    """(dotted key, default as written, description) for every key of values.yaml, in file
-    order; a map's own row has no default. A key's description is the comment above it; keys
-    that follow it at the same depth with no comment or blank line between share it."""
-    rows: list[tuple[str, str, str]] = []
-    comment: list[str] = []
-    path: list[tuple[int, str]] = []
-    previous: tuple[int, str] | None = None
-    for line in values_yaml.splitlines():
-        stripped = line.strip()
-        if not stripped:
-            comment, previous = [], None
-        elif stripped.startswith("#"):
-            comment.append(stripped.lstrip("#").strip())
-        elif match := _KEY.match(line):
-            indent = len(match["indent"])
-            path = [(i, k) for i, k in path if i < indent] + [(indent, match["key"])]
-            description = " ".join(comment)
-            if not description and previous is not None and previous[0] == indent:
-                description = previous[1]
-            rows.append((".".join(k for _, k in path), match["value"] or "", description))
-            comment, previous = [], (indent, description)
-    return rows
-
-
 def chart_readme() -> str:
     chart = (CHART / "Chart.yaml").read_text()
     version = re.search(r"^version: (.+)$", chart, re.M)
@@ -111,8 +86,10 @@ def chart_readme() -> str:
         "## Values",
         "",
         "`values.schema.json` refuses unknown keys and wrong types, so a mistyped value fails",
-        "`helm install` with a message instead of deploying something else. A key without a",
-        "description of its own is described by the map above it.",
+        "`helm install` with a message instead of deploying something else. Both it and this",
+        "table are generated from `values.yaml` (`make manifests`): a key's comment describes",
+        "it, its default gives its type, and a `# @schema {...}` line adds constraints. A key",
+        "without a description of its own is described by the map above it.",
         "",
         "| Key | Default | Description |",
         "|---|---|---|",
@@ -124,13 +101,21 @@ def chart_readme() -> str:
     return "\n".join(lines) + "\n"
 
 
+def chart_values_schema() -> str:
+    values = (CHART / "values.yaml").read_text()
+    schema = values_schema(values, title="disagg-operator chart values")
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
 def main() -> int:
     helm = sys.argv[1] if len(sys.argv) > 1 else "helm"
     (ROOT / "manifests" / "install.yaml").write_text(install_yaml(helm))
     (ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml").write_text(argocd_patch())
+    (CHART / "values.schema.json").write_text(chart_values_schema())
     (CHART / "README.md").write_text(chart_readme())
     print(
-        "wrote manifests/install.yaml, manifests/argocd/argocd-cm-patch.yaml and the chart README"
+        "wrote manifests/install.yaml, manifests/argocd/argocd-cm-patch.yaml, "
+        "the chart's values.schema.json and its README"
     )
     return 0
 

@@ -142,6 +142,68 @@ def test_the_chart_readme_documents_every_value() -> None:
         assert any(described.get(o) for o in owners), f"values.yaml: say what {leaf} is"
 
 
+def test_the_values_schema_is_generated_from_values_yaml() -> None:
+    sys.path.insert(0, str(ROOT / "manifests"))
+    import generate
+
+    committed = (CHART / "values.schema.json").read_text()
+    assert committed == generate.chart_values_schema(), "run `make manifests`"
+
+
+def test_a_values_annotation_constrains_the_key_below_it_and_stays_out_of_its_description() -> None:
+    sys.path.insert(0, str(ROOT / "manifests"))
+    from values_doc import values_schema, values_table
+
+    values = (
+        "image:\n"
+        "  # The image.\n"
+        '  # @schema {"required": true, "minLength": 1}\n'
+        "  repository: r\n"
+        "  tag: ''\n"
+        "# Free-form.\n"
+        '# @schema {"additionalProperties": true}\n'
+        "securityContext:\n"
+        "  runAsUser: 1\n"
+        '# @schema {"oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["auto"]}]}\n'
+        "enabled: auto\n"
+    )
+    schema = values_schema(values, title="t")
+    image = schema["properties"]["image"]
+    assert image["additionalProperties"] is False and image["required"] == ["repository"]
+    assert image["properties"]["repository"] == {
+        "type": "string",
+        "minLength": 1,
+        "description": "The image.",
+    }
+    assert image["properties"]["tag"] == {"type": "string", "description": "The image."}
+    assert schema["properties"]["securityContext"] == {
+        "type": "object",
+        "additionalProperties": True,
+        "description": "Free-form.",
+    }
+    assert "type" not in schema["properties"]["enabled"]
+    assert ("image.repository", "r", "The image.") in values_table(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("# @schema {minimum: 1}\nreplicas: 2\n", "line 1: @schema is not JSON"),
+        ('# @schema ["x"]\nreplicas: 2\n', "line 1: @schema must be a JSON object"),
+        ("tag: null\n", "tag: a null default has no type"),
+        ("a:\n  - b: 1\nc: {d: 1}\n", "missed: c.d"),
+    ],
+)
+def test_a_values_file_the_generator_cannot_read_is_named_with_its_line(
+    values: str, message: str
+) -> None:
+    sys.path.insert(0, str(ROOT / "manifests"))
+    from values_doc import ValuesDocError, values_schema
+
+    with pytest.raises(ValuesDocError, match=re.escape(message)):
+        values_schema(values, title="t")
+
+
 def test_argocd_patch_is_generated_from_health_lua() -> None:
     sys.path.insert(0, str(ROOT / "manifests"))
     import generate
