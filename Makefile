@@ -7,9 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DISAGG_CACHE ?= $(HOME)/.cache/disagg
 export DISAGG_CACHE
-LINT_DIRS := $(wildcard operator engine tests e2e bench manifests)
+LINT_DIRS := $(wildcard operator engine tests e2e bench manifests upstream images)
 
-.PHONY: help venv test test-fast test-e2e lint crds manifests lock images demo demo-down binaries system-packages clean
+.PHONY: help venv test test-fast test-e2e lint facts facts-check crds manifests lock images demo demo-down binaries system-packages clean
 
 help:
 	@echo "make test   - lint, fast tests and e2e tests against the local control plane"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint   - ruff, mypy --strict, import-linter"
 	@echo "make crds   - regenerate crds/ (and the chart's copy) from the pydantic models"
 	@echo "make manifests - regenerate manifests/install.yaml, the Argo CD health patch, the chart schema and README"
+	@echo "make facts  - regenerate upstream/facts.json from the pinned vLLM and SGLang releases"
 
 # The dev venv takes the images' exact versions (router.lock is the larger set), so the tests
 # run what the images ship; `make lock` writes the locks back from it after an upgrade.
@@ -40,6 +41,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The pinned engines' flags, config keys, metrics and TP rules, read with ast from their
+# releases on PyPI (cached in $(DISAGG_CACHE)/upstream); tests/test_upstream_facts.py checks
+# the project against them, and facts-check fails when the committed file is stale.
+facts: $(STAMP)
+	$(BIN)/python upstream/facts.py
+
+facts-check: $(STAMP)
+	$(BIN)/python upstream/facts.py --check
+
 crds: $(STAMP)
 	$(BIN)/disagg crds --output-dir crds
 	cp crds/disaggregatedmodels.disagg.dev.yaml charts/disagg-operator/files/
@@ -59,7 +69,7 @@ test-fast: $(STAMP)
 test-e2e: $(STAMP) system-packages binaries
 	$(BIN)/pytest e2e -q
 
-test: lint test-fast test-e2e
+test: lint facts-check test-fast test-e2e
 
 demo: $(STAMP) system-packages binaries
 	$(BIN)/disagg demo $(DEMO_ARGS)
