@@ -145,7 +145,9 @@ def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     if spec.model.max_model_len is not None:
         argv += ["--context-length", str(spec.model.max_model_len)]
     if spec.engine.kv_cache_dtype != "auto":
-        argv += ["--kv-cache-dtype", spec.engine.kv_cache_dtype]
+        # vLLM's "fp8" means fp8_e4m3 on CUDA; SGLang's argparse refuses the alias.
+        dtype = "fp8_e4m3" if spec.engine.kv_cache_dtype == "fp8" else spec.engine.kv_cache_dtype
+        argv += ["--kv-cache-dtype", dtype]
     hf = spec.model.source.hugging_face
     if hf is not None and hf.revision:
         argv += ["--revision", hf.revision]
