@@ -112,9 +112,8 @@ def _literal_alias(src: Source, path: str, name: str) -> list[str]:
 def _vllm_metrics(src: Source) -> dict[str, dict[str, str | None]]:
     """Engine metrics (v1/metrics/loggers.py) and the NIXL connector's, with the bucket
     family each histogram takes (None: buckets of its own, not one of the families)."""
-    metrics: dict[str, dict[str, str | None]] = {}
-    for path, tree in [("vllm/v1/metrics/loggers.py", src.tree("vllm/v1/metrics/loggers.py"))]:
-        metrics |= _vllm_metrics_of(path, tree)
+    loggers = "vllm/v1/metrics/loggers.py"
+    metrics = _vllm_metrics_of(loggers, src.tree(loggers))
     for path, tree in src.under("vllm/distributed/kv_transfer/kv_connector/v1/nixl/"):
         metrics |= _vllm_metrics_of(path, tree, required=False)
     return dict(sorted(metrics.items()))
