@@ -120,7 +120,6 @@ def _schema(value: Any, path: tuple[str, ...], notes: dict[tuple[str, ...], Key]
     typed = "type" in annotation or any(k in annotation for k in _ALTERNATIVES)
     schema: dict[str, Any] = {} if typed else {"type": _json_type(value, path)}
     if isinstance(value, dict) and value and "additionalProperties" not in annotation:
-        schema["type"] = "object"
         schema["additionalProperties"] = False
         required = [name for name in value if notes[(*path, name)].schema.get("required") is True]
         if required:

@@ -33,12 +33,12 @@ from source import (
     module_literals,
     name_of,
     option_literals,
+    subscript_items,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "operator"))
+from disagg.versions import SGLANG_VERSION, VLLM_VERSION
 
-from disagg.versions import SGLANG_VERSION, VLLM_VERSION  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FACTS = ROOT / "upstream" / "facts.json"
 
@@ -103,9 +103,7 @@ def _literal_alias(src: Source, path: str, name: str) -> list[str]:
             and isinstance(node.value, ast.Subscript)
             and name_of(node.value.value) == "Literal"
         ):
-            values = node.value.slice
-            elts = values.elts if isinstance(values, ast.Tuple) else [values]
-            return [str(ast.literal_eval(v)) for v in elts]
+            return [str(ast.literal_eval(v)) for v in subscript_items(node.value)]
     raise FactError(f"{path}: {name} = Literal[...] is gone")
 
 
@@ -176,11 +174,11 @@ def _tp_rule(src: Source, path: str, function: str) -> dict[str, Any]:
                 and isinstance(assertion.test.left, ast.BinOp)
                 and isinstance(assertion.test.left.op, ast.Mod)
             )
-            operands = {tuple(d.split(" % ")[0:1]) for d in divisions}
+            dividends = {d.split(" % ")[0] for d in divisions}
             return {
                 "source": f"{path}:{function}",
                 "asserts": divisions,
-                "either_direction_if_multiple": len(divisions) == 2 and len(operands) == 2,
+                "either_direction_if_multiple": len(divisions) == 2 and len(dividends) == 2,
             }
     raise FactError(f"{path}: {function} is gone")
 
@@ -225,13 +223,12 @@ def _sglang_field(
     annotation = field.annotation
     if not (isinstance(annotation, ast.Subscript) and name_of(annotation.value) == "A"):
         return [], []
-    parts = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    parts = subscript_items(annotation)
     names = [flag(field_name(field))]
     options: list[str] = []
     kind = parts[0]
     if isinstance(kind, ast.Subscript) and name_of(kind.value) == "Literal":
-        values = kind.slice.elts if isinstance(kind.slice, ast.Tuple) else [kind.slice]
-        options = [str(ast.literal_eval(v)) for v in values]
+        options = [str(ast.literal_eval(v)) for v in subscript_items(kind)]
     meta = parts[1] if len(parts) > 1 else None
     if isinstance(meta, ast.Call) and name_of(meta.func) == "Arg":
         cli_name = keyword(meta, "cli_name")

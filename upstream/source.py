@@ -116,6 +116,12 @@ def name_of(func: ast.expr) -> str:
     return func.id if isinstance(func, ast.Name) else ""
 
 
+def subscript_items(node: ast.Subscript) -> list[ast.expr]:
+    """The expressions inside `X[a, b]` (or `[a]` for `X[a]`)."""
+    inner = node.slice
+    return list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+
+
 def option_literals(tree: ast.AST) -> set[str]:
     """Every literal '--flag' passed to an add_argument call."""
     return {
