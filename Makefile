@@ -55,7 +55,7 @@ crds: $(STAMP)
 	cp crds/disaggregatedmodels.disagg.dev.yaml charts/disagg-operator/files/
 
 images: $(STAMP) system-packages
-	bash images/build.sh operator router
+	bash images/build.sh operator router engine-standin
 
 lock: $(STAMP)
 	$(BIN)/python images/lock.py

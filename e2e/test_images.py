@@ -1,9 +1,12 @@
 """The operator and router images, built here with images/build.sh (mmdebstrap, podman; no
 Docker) and started with Debian's podman as the cluster would run them: non-root, read-only
-root filesystem, a writable /tmp only."""
+root filesystem, a writable /tmp only. The engine Dockerfile's two targets, built on a stand-in
+for the upstream base images (which cannot be pulled here), start their engine through the
+launcher and add nothing but it to the base's Python."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import uuid
@@ -79,10 +82,29 @@ def images() -> dict[str, str]:
     return {name: (IMAGES / name / "tag").read_text().strip() for name in ("operator", "router")}
 
 
-def run(tag: str, *args: str, entrypoint: str | None = None) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def engine_images() -> dict[str, str]:
+    """target (``vllm``, ``sglang``, ``base``) -> tag, from `images/build.sh engine-standin`."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "images" / "build.sh"), "engine-standin"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    directory = IMAGES / "engine-standin"
+    return {
+        target: (directory / f"tag-{target}").read_text().strip()
+        for target in ("vllm", "sglang", "base")
+    }
+
+
+def run(
+    tag: str, *args: str, entrypoint: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     flags = ["--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none"]
     if entrypoint:
         flags += ["--entrypoint", entrypoint]
+    for key, value in (env or {}).items():
+        flags += ["--env", f"{key}={value}"]
     return podman("run", *flags, tag, *args, check=False)
 
 
@@ -180,3 +202,59 @@ def test_the_operator_image_watches_a_real_api_server(
     finally:
         podman("rm", "--force", name, check=False)
         proc.wait(timeout=60)
+
+
+PYTHON_DISTRIBUTIONS = (
+    "import importlib.metadata as m; print(sorted(d.metadata['Name'] for d in m.distributions()))"
+)
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_each_engine_target_adds_only_the_dependency_free_launcher_to_its_base(
+    engine_images: dict[str, str], target: str
+) -> None:
+    def distributions(tag: str) -> list[str]:
+        listed = run(tag, "-c", PYTHON_DISTRIBUTIONS, entrypoint="python3")
+        assert listed.returncode == 0, listed.stderr
+        return list(ast.literal_eval(listed.stdout.strip()))
+
+    base = distributions(engine_images["base"])
+    assert sorted([*base, "disagg-engine"]) == distributions(engine_images[target])
+    requires = run(
+        engine_images[target],
+        "-c", "import importlib.metadata as m; print(m.requires('disagg-engine'))",
+        entrypoint="python3",
+    )  # fmt: skip
+    assert requires.stdout.strip() == "None", requires.stdout + requires.stderr
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang"])
+def test_each_engine_target_execs_the_engine_through_the_launcher(
+    engine_images: dict[str, str], target: str
+) -> None:
+    side_channel = "VLLM_NIXL_SIDE_CHANNEL_HOST" if target == "vllm" else "SGLANG_HOST_IP"
+    # The image's own entrypoint, as the pod runs it: the launcher fills in the pod IP, then
+    # the engine (a stand-in: python3) replaces it and prints what it was given.
+    started = run(
+        engine_images[target],
+        "python3", "-c", f"import os; print(os.getpid(), os.environ['{side_channel}'])",
+        env={"POD_IP": "10.1.2.3", "DISAGG_BACKEND": target},
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.split() == ["1", "10.1.2.3"], started.stdout
+    assert f"{side_channel}=10.1.2.3 (pod IP)" in started.stderr
+    assert "starting python3" in started.stderr
+
+
+def test_the_engine_image_refuses_rdma_it_cannot_use(engine_images: dict[str, str]) -> None:
+    rdma = {"DISAGG_TRANSPORT": "rdma"}
+    refused = run(engine_images["vllm"], "python3", "-c", "print('served')", env=rdma)
+    assert refused.returncode == 78, refused.stdout + refused.stderr
+    assert "served" not in refused.stdout
+    assert "network.transport is rdma and RDMA is not usable" in refused.stderr
+    fallback = run(
+        engine_images["vllm"], "python3", "-c", "print('served')",
+        env={**rdma, "DISAGG_RDMA_TCP_FALLBACK": "true"},
+    )  # fmt: skip
+    assert fallback.returncode == 0 and fallback.stdout.strip() == "served", fallback.stderr
+    assert "continuing with TCP" in fallback.stderr

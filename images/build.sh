@@ -3,12 +3,17 @@
 # Debian's own mmdebstrap, the locked wheels installed inside it, then imported with podman
 # and saved as an OCI archive, with the package lists beside it (an SBOM-style inventory).
 #
-#   images/build.sh operator router     (make images)
+#   images/build.sh operator router engine-standin     (make images)
 #
 # Output, cached per hash of everything that goes in:
 #   $DISAGG_CACHE/images/<image>-<key>/{<image>.oci.tar,packages-debian.txt,packages-python.txt}
 #   $DISAGG_CACHE/images/<image> -> that directory
 # and the image localhost/disagg-<image>:<version> in podman's local store.
+#
+# engine-standin checks images/engine/Dockerfile, whose vLLM and SGLang base images cannot be
+# pulled here: both targets are built with `podman build` on a stand-in base (Debian's
+# python3 and pip, as the upstream images have them), giving localhost/disagg-engine-<target>:
+# <version>-standin-<key>, their tags in its cache directory.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +44,7 @@ entrypoint_of() {
   case "$1" in
     operator) echo '["disagg"]|["run"]' ;;
     router) echo '["disagg","router"]|[]' ;;
-    *) echo "images: unknown image $1 (operator or router)" >&2; exit 2 ;;
+    *) echo "images: unknown image $1 (operator, router or engine-standin)" >&2; exit 2 ;;
   esac
 }
 
@@ -107,7 +112,73 @@ build() {
   echo "images: $image built: $tag, $dir/$image.oci.tar ($(du -h "$dir/$image.oci.tar" | cut -f1))"
 }
 
+# The engine Dockerfile's targets, each on the stand-in base in place of its upstream image.
+build_engine_standin() {
+  local key dir work base target tag runtime=()
+  command -v runc >/dev/null 2>&1 && runtime=(--runtime runc)
+  key="$(
+    cd "$root"
+    { find engine -type f ! -path '*/__pycache__/*' ! -path '*.egg-info/*'; echo images/engine/Dockerfile images/build.sh; } \
+      | tr ' ' '\n' | sort | xargs sha256sum | { cat; echo "$suite $mirror"; } | sha256sum | cut -c1-12
+  )"
+  dir="$cache/images/engine-standin-$key"
+  base="localhost/disagg-engine-base:standin-$key"
+  if [[ -f "$dir/.complete" ]] && podman image exists "$(head -n1 "$dir/tag-vllm")"; then
+    ln -sfn "$dir" "$cache/images/engine-standin"
+    echo "images: engine-standin is cached in $dir"
+    return 0
+  fi
+  echo "images: building the engine Dockerfile's targets on a stand-in base (under a minute)"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' RETURN
+  # What the Dockerfile needs of its base: python3 with a pip that may install as root (the
+  # upstream images are not PEP 668 "externally managed"), and a trust store that reaches the
+  # package index from this machine (its egress re-signs TLS), since pip fetches the
+  # launcher's build backend.
+  mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+    --customize-hook='upload /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' \
+    --customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
+    --format=tar "$suite" "$work/rootfs.tar" "$mirror" >"$dir/mmdebstrap.log" 2>&1 || {
+    echo "images: mmdebstrap failed; the last lines of $dir/mmdebstrap.log:" >&2
+    tail -n 20 "$dir/mmdebstrap.log" >&2
+    exit 1
+  }
+  podman import --quiet --change 'CMD ["python3"]' "$work/rootfs.tar" "$base" >/dev/null
+  echo "$base" >"$dir/tag-base"
+  for target in vllm sglang; do
+    tag="localhost/disagg-engine-$target:$version-standin-$key"
+    # RUN steps need a runtime: runc where present (crun refuses hybrid cgroups), and no
+    # default ulimits (images/containers.conf).
+    (cd "$root" && CONTAINERS_CONF="${CONTAINERS_CONF:-$root/images/containers.conf}" \
+      podman build ${runtime[@]+"${runtime[@]}"} --quiet --network host --pull=never \
+      --build-arg VLLM_IMAGE="$base" --build-arg SGLANG_IMAGE="$base" --build-arg VERSION="$version" \
+      --target "$target" -f images/engine/Dockerfile -t "$tag" .) >"$dir/build-$target.log" 2>&1 || {
+      echo "images: podman build of the engine's $target target failed; the last lines of $dir/build-$target.log:" >&2
+      tail -n 20 "$dir/build-$target.log" >&2
+      exit 1
+    }
+    echo "$tag" >"$dir/tag-$target"
+  done
+  touch "$dir/.complete"
+  ln -sfn "$dir" "$cache/images/engine-standin"
+  for old in "$cache/images/engine-standin"-*; do
+    [[ "$old" == "$dir" || ! -d "$old" ]] && continue
+    for file in "$old"/tag-*; do
+      [[ -f "$file" ]] && podman rmi --force "$(cat "$file")" >/dev/null 2>&1 || true
+    done
+    rm -rf "$old"
+  done
+  echo "images: engine-standin built: $(cat "$dir/tag-vllm"), $(cat "$dir/tag-sglang")"
+}
+
 mkdir -p "$cache/images"
-for image in "${@:-operator router}"; do
-  for one in $image; do build "$one"; done
+for image in "${@:-operator router engine-standin}"; do
+  for one in $image; do
+    if [[ "$one" == engine-standin ]]; then build_engine_standin; else build "$one"; fi
+  done
 done
