@@ -237,7 +237,7 @@ BAD_INPUTS = [
         "gpu-budget",
         "spec.autoscaling.maxTotalGpus",
         1,
-        "spec.autoscaling.maxTotalGpus: autoscaling.maxTotalGpus is smaller than the GPUs both pools need",
+        "spec.autoscaling.maxTotalGpus: autoscaling.maxTotalGpus is smaller than the GPUs the pools need",
     ),
 ]
 

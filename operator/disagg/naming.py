@@ -1,6 +1,7 @@
 """Every child name, label, selector and annotation key the operator uses.
 
-Names are ``<model>-prefill``, ``<model>-decode`` and ``<model>-router``: DNS-1123 labels of
+Names are ``<model>-prefill``, ``<model>-decode`` (or, colocated, ``<model>-engine``) and
+``<model>-router``: DNS-1123 labels of
 at most 63 characters, truncated with a short stable hash when the model name is long.
 Selectors are built from two labels only and never change after creation (a Deployment's
 selector is immutable).
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Final, Literal
 
-ComponentRole = Literal["prefill", "decode", "router"]
+ComponentRole = Literal["prefill", "decode", "engine", "router"]
 
 MANAGER: Final = "disagg-operator"
 """Field manager of every server-side apply and value of app.kubernetes.io/managed-by."""

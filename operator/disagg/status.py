@@ -2,8 +2,8 @@
 
 The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
 
-* ``Ready`` is True only when the prefill pool, the decode pool and (when enabled) the
-  router each have at least one ready replica.
+* ``Ready`` is True only when each pool of the model's mode (prefill and decode, or the
+  colocated engine pool) and (when enabled) the router have at least one ready replica.
 * ``Progressing`` is True while a Deployment rolls out or moves toward its replica count.
 * ``Degraded`` is True with reason ``ReplicaFailure`` when a Deployment cannot create its
   pods (a missing PriorityClass, a quota, Pod Security admission, a webhook: the
@@ -57,8 +57,14 @@ class Observed:
 
     generation: int
     deployments: dict[str, Obj | None]
-    """prefill, decode and router Deployments (None when absent)."""
+    """The pools' and the router's Deployments by role (None when absent)."""
     pods: list[Obj] = field(default_factory=list)
+    roles: tuple[str, ...] = ("prefill", "decode")
+    """The pools that exist or are wanted: the mode's, and during a switch the old ones."""
+    serving: tuple[str, ...] | None = None
+    """The pools the router sends traffic to (None: ``roles``); Ready asks for these."""
+    switching: str | None = None
+    """What a mode switch under way waits for (:mod:`disagg.transition`)."""
     router_enabled: bool = True
     router_endpoint: str | None = None
     autoscaling_enabled: bool = False
@@ -157,6 +163,11 @@ def _condition(
     )
 
 
+def _joined(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _order(conditions: list[Condition]) -> list[Condition]:
     rank = {t: i for i, t in enumerate(CONDITION_TYPES)}
     return sorted(conditions, key=lambda c: rank.get(c.type, len(rank)))
@@ -168,15 +179,15 @@ def compute_status(
     """The full status of a model whose spec is valid."""
     prev_conditions = {c.type: c for c in (previous.conditions if previous else [])}
     scaled = obs.scaling.scaled if obs.scaling else {}
-    prefill, decode = (
-        pool_status(
+    pools = {
+        role: pool_status(
             obs.deployments.get(role),
-            getattr(previous, role) if previous else None,
+            getattr(previous, role, None) if previous else None,
             scaled.get(role),
             now,
         )
-        for role in ("prefill", "decode")
-    )
+        for role in obs.roles
+    }
     r_replicas, r_ready, _ = _deployment_counts(obs.deployments.get("router"))
     router = RouterStatus(
         replicas=r_replicas,
@@ -185,9 +196,8 @@ def compute_status(
     )
     gen = obs.generation
 
-    not_ready = [
-        name for name, pool in (("prefill", prefill), ("decode", decode)) if pool.ready_replicas < 1
-    ]
+    serving = obs.serving or obs.roles
+    not_ready = [r for r in serving if r not in pools or pools[r].ready_replicas < 1]
     if obs.router_enabled and r_ready < 1:
         not_ready.append("router")
     if not_ready:
@@ -205,17 +215,23 @@ def compute_status(
             "Ready",
             "True",
             "AllComponentsReady",
-            "prefill, decode and router have ready replicas",
+            f"{_joined([*serving, *(['router'] if obs.router_enabled else [])])} "
+            "have ready replicas",
             gen,
             prev_conditions,
             now,
         )
 
-    roles = ["prefill", "decode"] + (["router"] if obs.router_enabled else [])
+    roles = [*obs.roles, *(["router"] if obs.router_enabled else [])]
     rolling = [
         f"{role}: {why}" for role in roles if (why := _rolling_out(obs.deployments.get(role)))
     ]
-    if rolling:
+    if obs.switching:
+        progressing = _condition(
+            "Progressing", "True", "SwitchingMode", "; ".join([obs.switching, *rolling]),
+            gen, prev_conditions, now,
+        )  # fmt: skip
+    elif rolling:
         progressing = _condition(
             "Progressing", "True", "RollingOut", "; ".join(rolling), gen, prev_conditions, now
         )
@@ -243,8 +259,9 @@ def compute_status(
     return DisaggregatedModelStatus(
         observed_generation=gen,
         conditions=_order([ready, progressing, degraded, *scaling]),
-        prefill=prefill,
-        decode=decode,
+        prefill=pools.get("prefill"),
+        decode=pools.get("decode"),
+        engine=pools.get("engine"),
         router=router,
         metrics=_metrics(obs, previous),
     )

@@ -147,6 +147,12 @@ def _printer_columns() -> list[Schema]:
     return [
         {"name": "Ready", "type": "string", "jsonPath": ready},
         {
+            "name": "Mode",
+            "type": "string",
+            "jsonPath": ".spec.mode",
+            "description": "disaggregated or colocated",
+        },
+        {
             "name": "Prefill",
             "type": "string",
             "jsonPath": ".status.prefill.summary",
@@ -157,6 +163,12 @@ def _printer_columns() -> list[Schema]:
             "type": "string",
             "jsonPath": ".status.decode.summary",
             "description": "Decode replicas, ready/desired",
+        },
+        {
+            "name": "Engine",
+            "type": "string",
+            "jsonPath": ".status.engine.summary",
+            "description": "Colocated engine replicas, ready/desired",
         },
         {
             "name": "TTFT",

@@ -8,7 +8,7 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field
 
@@ -33,7 +33,9 @@ from disagg.api.scheduling import (
 
 Backend = Literal["vllm", "sglang"]
 KvConnector = Literal["nixl", "mooncake", "lmcache"]
-Role = Literal["prefill", "decode"]
+Role = Literal["prefill", "decode", "engine"]
+"""A pool: prefill and decode when disaggregated, the one engine pool when colocated."""
+Mode = Literal["disaggregated", "colocated"]
 
 
 class EngineSpec(ApiModel):
@@ -251,22 +253,42 @@ class RouterSpec(ApiModel):
 
 
 def _tp_rule_ok(spec: DisaggregatedModelSpec) -> bool:
-    if spec.engine.kv_connector != "nixl":
+    if spec.mode == "colocated" or spec.engine.kv_connector != "nixl":
         return True
     return nixl_tp_compatible(spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size)
 
 
 def _min_gpus(spec: DisaggregatedModelSpec) -> int:
-    return (
-        spec.prefill.autoscaling.min_replicas * spec.prefill.gpus
-        + spec.decode.autoscaling.min_replicas * spec.decode.gpus
+    return sum(
+        spec.pool(role).autoscaling.min_replicas * spec.pool(role).gpus for role in spec.roles
     )
 
 
+_COLOCATED: Final = "self.mode == 'colocated'"
+_MIN_GPUS_CEL: Final = (
+    "(self.mode == 'colocated' ? 0 : self.prefill.autoscaling.minReplicas * "
+    "self.prefill.tensorParallelSize * self.prefill.dataParallelSize) + "
+    "self.decode.autoscaling.minReplicas * self.decode.tensorParallelSize * "
+    "self.decode.dataParallelSize"
+)
+
+
 class DisaggregatedModelSpec(ApiModel):
-    """A model served by separate prefill and decode pools behind one router."""
+    """A model served by separate prefill and decode pools behind one router, or by one
+    colocated engine pool."""
 
     model: ModelSpec = Field(description="The model to serve.")
+    mode: Mode = Field(
+        default="disaggregated",
+        description="disaggregated: a prefill pool and a decode pool with KV-cache transfer "
+        "between them. colocated: one engine pool (<name>-engine) that prefills and decodes "
+        "with chunked prefill, no KV connector, configured by `decode` (its "
+        "maxNumBatchedTokens is the chunk size) and autoscaled on both SLOs; `prefill`, "
+        "`engine.kvConnector`, `network` and `router.prefillThresholdTokens` are kept but "
+        "unused. Colocation suits short prompts, low concurrency and networks without RDMA; "
+        "`disagg diagnose` says which a running model needs. Changing it is a rollout: the "
+        "new pools become Ready before the old ones go.",
+    )
     engine: EngineSpec = Field(default_factory=EngineSpec, description="The inference engine.")
     prefill: PoolSpec = Field(
         default_factory=PoolSpec, description="The prefill pool (compute-bound prompt work)."
@@ -284,7 +306,7 @@ class DisaggregatedModelSpec(ApiModel):
 
     rules: ClassVar = (
         Rule(
-            cel="self.engine.kvConnector != 'nixl' || "
+            cel=f"{_COLOCATED} || self.engine.kvConnector != 'nixl' || "
             "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
             "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "
             "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
@@ -295,39 +317,60 @@ class DisaggregatedModelSpec(ApiModel):
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
-            cel="self.engine.kvConnector != 'mooncake' || "
+            cel=f"{_COLOCATED} || self.engine.kvConnector != 'mooncake' || "
             "self.decode.tensorParallelSize == self.prefill.tensorParallelSize",
             message="with the mooncake connector, decode.tensorParallelSize must equal "
             "prefill.tensorParallelSize",
             check=lambda s: (
-                s.engine.kv_connector != "mooncake"
+                s.mode == "colocated"
+                or s.engine.kv_connector != "mooncake"
                 or s.decode.tensor_parallel_size == s.prefill.tensor_parallel_size
             ),
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
-            cel="self.engine.kvConnector != 'lmcache' || self.engine.backend == 'vllm'",
+            cel=f"{_COLOCATED} || self.engine.kvConnector != 'lmcache' || "
+            "self.engine.backend == 'vllm'",
             message="the lmcache connector needs engine.backend vllm",
-            check=lambda s: s.engine.kv_connector != "lmcache" or s.engine.backend == "vllm",
+            check=lambda s: (
+                s.mode == "colocated"
+                or s.engine.kv_connector != "lmcache"
+                or s.engine.backend == "vllm"
+            ),
             field_path=".engine.kvConnector",
         ),
         Rule(
             cel="!has(self.autoscaling.maxTotalGpus) || self.autoscaling.maxTotalGpus >= "
-            "self.prefill.autoscaling.minReplicas * self.prefill.tensorParallelSize * "
-            "self.prefill.dataParallelSize + self.decode.autoscaling.minReplicas * "
-            "self.decode.tensorParallelSize * self.decode.dataParallelSize",
-            message="autoscaling.maxTotalGpus is smaller than the GPUs both pools need at "
+            + _MIN_GPUS_CEL,
+            message="autoscaling.maxTotalGpus is smaller than the GPUs the pools need at "
             "their minReplicas",
             check=lambda s: (
                 s.autoscaling.max_total_gpus is None or s.autoscaling.max_total_gpus >= _min_gpus(s)
             ),
             field_path=".autoscaling.maxTotalGpus",
         ),
+        Rule(
+            cel="self.mode != 'colocated' || !self.autoscaling.enabled || "
+            "self.autoscaling.mode != 'external'",
+            message="autoscaling.mode external is not available with mode colocated: the "
+            "engine pool scales on both SLOs, which the builtin autoscaler does",
+            check=lambda s: (
+                s.mode != "colocated"
+                or not s.autoscaling.enabled
+                or s.autoscaling.mode != "external"
+            ),
+            field_path=".autoscaling.mode",
+        ),
     )
 
     def pool(self, role: Role) -> PoolSpec:
-        """The spec of one pool."""
+        """The spec of one pool (the colocated engine pool is configured by ``decode``)."""
         return self.prefill if role == "prefill" else self.decode
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        """The pools this mode runs, in render order."""
+        return ("engine",) if self.mode == "colocated" else ("prefill", "decode")
 
     @property
     def served_name(self) -> str:
@@ -343,6 +386,7 @@ __all__ = [
     "EnvVar",
     "EnvVarSource",
     "KvConnector",
+    "Mode",
     "ModelSource",
     "ModelSpec",
     "NetworkSpec",

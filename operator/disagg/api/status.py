@@ -86,8 +86,15 @@ class DisaggregatedModelStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="Ready, Progressing, Degraded, ScalingActive, ScalingLimited.",
     )
-    prefill: PoolStatus = Field(default_factory=PoolStatus, description="The prefill pool.")
-    decode: PoolStatus = Field(default_factory=PoolStatus, description="The decode pool.")
+    prefill: PoolStatus | None = Field(
+        default=None, description="The prefill pool (mode disaggregated)."
+    )
+    decode: PoolStatus | None = Field(
+        default=None, description="The decode pool (mode disaggregated)."
+    )
+    engine: PoolStatus | None = Field(
+        default=None, description="The engine pool that prefills and decodes (mode colocated)."
+    )
     router: RouterStatus = Field(default_factory=RouterStatus, description="The router.")
     metrics: ObservedMetrics = Field(
         default_factory=ObservedMetrics, description="Latest SLO signals from Prometheus."

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from disagg.api.base import format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
+from disagg.api.spec import Role
 from disagg.api.status import ObservedMetrics
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
@@ -30,8 +31,10 @@ from disagg.autoscale.policy import (
     PoolMemory,
     PoolName,
     PoolPolicy,
+    ScaledPool,
     Signals,
     apply_budget,
+    colocated,
     decide_pool,
 )
 from disagg.autoscale.queries import build_queries, pool_selector
@@ -75,23 +78,34 @@ class Evaluation:
         return [d for d in self.decisions if d.desired != d.current]
 
 
+def _colocated(model: DisaggregatedModel) -> bool:
+    return model.spec.mode == "colocated"
+
+
+def _pool_of(model: DisaggregatedModel, phase: PoolName) -> Role:
+    """The pool whose replicas serve a phase: its own, or the colocated engine pool."""
+    return "engine" if _colocated(model) else phase
+
+
 def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
+    """Each phase's SLO and the bounds of the pool that serves it."""
     spec = model.spec
     slos = {
         "prefill": parse_duration(spec.autoscaling.ttft_p99),
         "decode": parse_duration(spec.autoscaling.tpot_p99),
     }
-    return {
-        role: PoolPolicy(
-            slo=slos[role],
-            min_replicas=spec.pool(role).autoscaling.min_replicas,
-            max_replicas=spec.pool(role).autoscaling.max_replicas,
-            gpus_per_replica=spec.pool(role).gpus,
-            max_num_seqs=spec.pool(role).max_num_seqs,
-            tensor_parallel=spec.pool(role).tensor_parallel_size,
+    policies: dict[PoolName, PoolPolicy] = {}
+    for phase in POOLS:
+        pool = spec.pool(_pool_of(model, phase))
+        policies[phase] = PoolPolicy(
+            slo=slos[phase],
+            min_replicas=pool.autoscaling.min_replicas,
+            max_replicas=pool.autoscaling.max_replicas,
+            gpus_per_replica=pool.gpus,
+            max_num_seqs=pool.max_num_seqs,
+            tensor_parallel=pool.tensor_parallel_size,
         )
-        for role in POOLS
-    }
+    return policies
 
 
 def behavior(model: DisaggregatedModel) -> Behavior:
@@ -115,24 +129,28 @@ async def read_signals(
     overrides = a.queries.model_dump(by_alias=True, exclude_none=True) if a.queries else {}
     meta = model.metadata
     result: dict[PoolName, Signals] = {}
-    for role in POOLS:
+    for phase in POOLS:
         queries = build_queries(
-            model.spec.engine.backend, meta.namespace, meta.name, role,
+            model.spec.engine.backend, meta.namespace, meta.name, _pool_of(model, phase),
             parse_duration(a.window), overrides,
         )  # fmt: skip
-        result[role] = await source.signals(queries, "ttftP99" if role == "prefill" else "tpotP99")
+        result[phase] = await source.signals(
+            queries, "ttftP99" if phase == "prefill" else "tpotP99"
+        )
     return result
 
 
 async def evaluate(
     model: DisaggregatedModel,
     source: PrometheusSource,
-    deployments: Mapping[PoolName, Obj],
+    deployments: Mapping[Role, Obj],
     status: Obj,
     state: ScalerState,
     now: float,
 ) -> Evaluation:
-    """Decide both pools' sizes from Prometheus; reads only, never raises for missing data."""
+    """Decide the pools' sizes from Prometheus (``deployments`` by role); reads only, never
+    raises for missing data. A colocated engine pool is sized for both phases, each with its
+    own memory, and gets the larger size."""
     try:
         signals = await read_signals(model, source)
     except MetricsUnavailable as error:
@@ -140,22 +158,28 @@ async def evaluate(
     policies = pool_policies(model)
     rules = behavior(model)
     decisions = []
-    for role in POOLS:
-        deployment = deployments[role]
+    for phase in POOLS:
+        pool = _pool_of(model, phase)
+        deployment = deployments[pool]
         decisions.append(
             decide_pool(
-                role,
-                signals[role],
+                phase,
+                signals[phase],
                 int(deployment.get("spec", {}).get("replicas", 1)),
                 int(deployment.get("status", {}).get("readyReplicas", 0)),
-                policies[role],
+                policies[phase],
                 rules,
-                state.memories[role],
-                epoch_of((status.get(role) or {}).get("lastScaleTime")),
+                state.memories[phase],
+                epoch_of((status.get(pool) or {}).get("lastScaleTime")),
                 now,
             )
         )
-    budgeted = apply_budget(decisions, policies, model.spec.autoscaling.max_total_gpus)
+    scoped: dict[ScaledPool, PoolPolicy] = {"prefill": policies["prefill"]}
+    scoped["decode"] = policies["decode"]
+    if _colocated(model):
+        decisions = [colocated(*decisions)]
+        scoped = {"engine": policies["decode"]}
+    budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
     return Evaluation(decisions=tuple(budgeted), signals=signals, at=now)
 
 
@@ -219,7 +243,7 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
 
 
 async def mark_cheapest(
-    client: KubeClient, model: DisaggregatedModel, pool: PoolName, source: PrometheusSource
+    client: KubeClient, model: DisaggregatedModel, pool: ScaledPool, source: PrometheusSource
 ) -> None:
     """Give the pool's least-loaded pods the lowest deletion cost (best effort)."""
     running = (

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 PoolName = Literal["prefill", "decode"]
+"""A phase the policy sizes for: prefill against TTFT, decode against TPOT."""
+ScaledPool = Literal["prefill", "decode", "engine"]
+"""A pool a decision resizes: a phase's own pool, or the colocated engine pool (both)."""
 
 FLAP_SECONDS: Final = 300.0
 MAX_DOWN_WINDOW_FACTOR: Final = 4

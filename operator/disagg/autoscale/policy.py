@@ -39,7 +39,7 @@ lost, only delay a scale-down or fall back to latency feedback until they are le
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -52,7 +52,14 @@ from disagg.autoscale.load import (
     pool_demand,
     unreachable,
 )
-from disagg.autoscale.model import Behavior, PoolMemory, PoolName, PoolPolicy, Signals
+from disagg.autoscale.model import (
+    Behavior,
+    PoolMemory,
+    PoolName,
+    PoolPolicy,
+    ScaledPool,
+    Signals,
+)
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 __all__ = [
@@ -63,8 +70,10 @@ __all__ = [
     "PoolMemory",
     "PoolName",
     "PoolPolicy",
+    "ScaledPool",
     "Signals",
     "apply_budget",
+    "colocated",
     "decide_pool",
     "tolerance",
 ]
@@ -81,7 +90,7 @@ UNREACHABLE_P99: Final = 0.01
 class Decision:
     """What to do with one pool, and why (the reason lands in status and an Event)."""
 
-    pool: PoolName
+    pool: ScaledPool
     current: int
     desired: int
     action: Action
@@ -269,8 +278,30 @@ def decide_pool(
     return decision(desired, "down", f"scale down: {observed}{sized}")
 
 
+def colocated(prefill: Decision, decode: Decision) -> Decision:
+    """The colocated engine pool serves both phases on the same replicas: the larger of the
+    sizes its TTFT and its TPOT ask for, so it shrinks only when both allow it."""
+    current = prefill.current
+    desired = max(prefill.desired, decode.desired)
+    action: Action = "up" if desired > current else "down" if desired < current else "hold"
+    unreachable = "; ".join(
+        f"{d.pool} phase: {d.unreachable}" for d in (prefill, decode) if d.unreachable
+    )
+    return Decision(
+        "engine",
+        current,
+        desired,
+        action,
+        f"TTFT: {prefill.reason}; TPOT: {decode.reason}",
+        limited=prefill.limited or decode.limited,
+        pressure=max(prefill.pressure, decode.pressure),
+        unreachable=unreachable or None,
+        unreachable_share=max(prefill.unreachable_share, decode.unreachable_share),
+    )
+
+
 def apply_budget(
-    decisions: Sequence[Decision], policies: dict[PoolName, PoolPolicy], budget: int | None
+    decisions: Sequence[Decision], policies: Mapping[ScaledPool, PoolPolicy], budget: int | None
 ) -> list[Decision]:
     """Fit both pools into the GPU budget, the pool further over its SLO first."""
     if budget is None:

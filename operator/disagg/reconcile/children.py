@@ -130,10 +130,17 @@ def _replicas_only(live: Obj) -> Obj:
 
 
 async def prune(
-    client: KubeClient, uid: str, desired: list[Obj], live: Live, recorder: EventRecorder, body: Obj
+    client: KubeClient,
+    uid: str,
+    desired: list[Obj],
+    live: Live,
+    recorder: EventRecorder,
+    body: Obj,
+    kept: frozenset[tuple[str, str]] = frozenset(),
 ) -> int:
-    """Delete the model's children the spec no longer wants; one Event names them."""
-    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+    """Delete the model's children the spec no longer wants, except ``kept`` (a mode switch's
+    old pools while traffic moves); one Event names them."""
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in desired} | kept
     deleted: list[str] = []
     for (kind, name), obj in sorted(live.items()):
         if (kind, name) in wanted or not owned_by(obj, uid):

@@ -23,9 +23,9 @@ from pydantic import ValidationError
 
 from disagg.api.base import parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.api.spec import Role
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.evaluate import (
-    POOLS,
     Evaluation,
     ScalerState,
     SourceFactory,
@@ -38,10 +38,11 @@ from disagg.autoscale.metrics import PrometheusSource
 from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
-from disagg.naming import ROLE_LABEL, child_name, model_selector
+from disagg.naming import ROLE_LABEL, ComponentRole, child_name, model_selector
 from disagg.reconcile.children import Live, apply_children, list_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
+from disagg.transition import POOL_ROLES, mode_roles, plan_switch
 
 log = logging.getLogger("disagg.reconcile")
 Obj = dict[str, Any]
@@ -100,6 +101,25 @@ def worth_writing(patch: Obj | None) -> bool:
     return bool(rest) or (isinstance(metrics, dict) and set(metrics) != {"observedAt"})
 
 
+def _terminating(pods: list[Obj], role: str) -> int:
+    """How many of ``role``'s pods are shutting down (still serving what they hold)."""
+    return sum(
+        1
+        for pod in pods
+        if pod["metadata"].get("deletionTimestamp")
+        and pod["metadata"].get("labels", {}).get(ROLE_LABEL) == role
+    )
+
+
+def _pool_children(name: str, roles: tuple[Role, ...]) -> frozenset[Key]:
+    """The Deployment, Service and PodDisruptionBudget of each of ``roles``' pools."""
+    return frozenset(
+        (kind, child_name(name, role))
+        for role in roles
+        for kind in ("Deployment", "Service", "PodDisruptionBudget")
+    )
+
+
 def _builtin(model: DisaggregatedModel) -> bool:
     a = model.spec.autoscaling
     return a.enabled and a.mode == "builtin"
@@ -138,25 +158,34 @@ class Reconciler:
         # (After a crash mid-pass, applying a child that exists is a no-op.)
         first = not body.get("status")
         live = {} if first else await list_children(self.client, namespace, name)
+        pods = (
+            [] if first else await self.client.list_objects("Pod", namespace, model_selector(name))
+        )
+        switch = plan_switch(
+            model.spec.mode,
+            self._deployments(name, live),
+            model.spec.router.enabled,
+            _terminating(pods, "router"),
+        )
         evaluation = await self._evaluate(model, body, live, now)
-        ctx = RenderContext(model, replicas=self._replicas(live, evaluation))
+        ctx = RenderContext(
+            model, replicas=self._replicas(live, evaluation), router_mode=switch.router_mode
+        )
         desired = render_all(ctx)
         try:
             applied = await apply_children(self.client, desired, live, self.recorder, body)
         except KubeError as error:
             return await self._refused(body, previous, generation, now, error)
         pruned = await prune(
-            self.client, body["metadata"]["uid"], desired, live, self.recorder, body
-        )
-        pods = (
-            [] if first else await self.client.list_objects("Pod", namespace, model_selector(name))
-        )
+            self.client, body["metadata"]["uid"], desired, live, self.recorder, body,
+            kept=_pool_children(name, switch.retiring),
+        )  # fmt: skip
         observed = Observed(
             generation=generation,
-            deployments={
-                role: live.get(("Deployment", child_name(name, role)))
-                for role in ("prefill", "decode", "router")
-            },
+            deployments=self._deployments(name, live),
+            roles=(*model.spec.roles, *switch.retiring),
+            serving=mode_roles(switch.router_mode),
+            switching=switch.message,
             pods=pods,
             router_enabled=model.spec.router.enabled,
             router_endpoint=router_endpoint(ctx),
@@ -190,12 +219,13 @@ class Reconciler:
             self.scalers.pop(key, None)
             return None
         state = self.scalers.setdefault(key, ScalerState())
+        roles = model.spec.roles
         deployments = {
             role: pool
-            for role in POOLS
+            for role in roles
             if (pool := live.get(("Deployment", child_name(model.metadata.name, role))))
         }
-        if now < state.next_evaluation or len(deployments) < len(POOLS):
+        if now < state.next_evaluation or len(deployments) < len(roles):
             return None
         source = self.prometheus(model.spec.autoscaling.prometheus_url)
         status = body.get("status") or {}
@@ -222,12 +252,18 @@ class Reconciler:
         return state.pending
 
     @staticmethod
+    def _deployments(name: str, live: Live) -> dict[str, Obj | None]:
+        """The live pool and router Deployments by role (None when absent)."""
+        roles: tuple[ComponentRole, ...] = (*POOL_ROLES, "router")
+        return {role: live.get(("Deployment", child_name(name, role))) for role in roles}
+
+    @staticmethod
     def _replicas(live: Live, evaluation: Evaluation | None) -> dict[str, int]:
         """Pool sizes to render: the evaluation's decision, else what the pool runs now."""
         replicas: dict[str, int] = {}
         for (kind, _), obj in live.items():
             role = obj["metadata"].get("labels", {}).get(ROLE_LABEL)
-            if kind == "Deployment" and role in POOLS and "replicas" in obj.get("spec", {}):
+            if kind == "Deployment" and role in POOL_ROLES and "replicas" in obj.get("spec", {}):
                 replicas[role] = int(obj["spec"]["replicas"])
         return {**replicas, **(evaluation.replicas() if evaluation else {})}
 

@@ -16,23 +16,25 @@ ROLES = ("prefill", "decode")
 
 
 def render_all(ctx: RenderContext) -> list[Manifest]:
-    """Every child the model wants, dependencies first (RBAC, Services, then workloads)."""
-    router_on = ctx.model.spec.router.enabled
+    """Every child the model wants, dependencies first (RBAC, Services, then workloads):
+    the pools of its mode (prefill and decode, or the colocated engine pool) and the router."""
+    spec = ctx.model.spec
+    router_on = spec.router.enabled
     objects: list[Manifest] = []
     if router_on:
         objects += render_router_rbac(ctx)
-    objects += [render_pool_service(ctx, "prefill"), render_pool_service(ctx, "decode")]
+    objects += [render_pool_service(ctx, role) for role in spec.roles]
     if router_on:
         objects.append(render_router_service(ctx))
-    objects += [render_pdb(ctx, "prefill"), render_pdb(ctx, "decode")]
+    objects += [render_pdb(ctx, role) for role in spec.roles]
     if router_on:
         objects.append(render_pdb(ctx, "router"))
-    objects += [render_pool(ctx, "prefill"), render_pool(ctx, "decode")]
+    objects += [render_pool(ctx, role) for role in spec.roles]
     if router_on:
         objects.append(render_router_deployment(ctx))
-    autoscaling = ctx.model.spec.autoscaling
+    autoscaling = spec.autoscaling
     if autoscaling.enabled and autoscaling.mode == "external":
-        objects += [render_scaler(ctx, "prefill"), render_scaler(ctx, "decode")]
+        objects += [render_scaler(ctx, role) for role in spec.roles]
     return objects
 
 

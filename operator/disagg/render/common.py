@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from disagg.api.resource import API_VERSION, KIND, DisaggregatedModel
+from disagg.api.spec import Mode
 from disagg.naming import ComponentRole, labels
 
 Manifest = dict[str, Any]
@@ -22,6 +23,9 @@ class RenderContext:
 
     model: DisaggregatedModel
     replicas: dict[str, int] = field(default_factory=dict)
+    router_mode: Mode | None = None
+    """The mode the router serves, when a mode switch still routes to the old pools
+    (:mod:`disagg.transition`); None: the spec's."""
 
     @property
     def name(self) -> str:

@@ -86,6 +86,10 @@ def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, An
     return config
 
 
+def _colocated(role: Role) -> bool:
+    return role == "engine"
+
+
 def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     pool = spec.pool(role)
     argv = [
@@ -108,8 +112,12 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     hf = spec.model.source.hugging_face
     if hf is not None and hf.revision:
         argv += ["--revision", hf.revision]
-    config = json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
-    argv += ["--kv-transfer-config", config]
+    if _colocated(role):
+        # Prompts and generations share each step; chunks keep a long prompt from stalling it.
+        argv += ["--enable-chunked-prefill"]
+    else:
+        config = json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
+        argv += ["--kv-transfer-config", config]
     argv += ["--disable-access-log-for-endpoints", "/health,/metrics"]
     return argv
 
@@ -129,14 +137,19 @@ def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     ]  # fmt: skip
     if pool.data_parallel_size > 1:
         argv += ["--dp-size", str(pool.data_parallel_size)]
-    argv += [
-        "--disaggregation-mode", role,
-        "--disaggregation-transfer-backend", backend,
-    ]  # fmt: skip
+    if _colocated(role):
+        # SGLang's default mode is not disaggregated; mixed chunks put prompt chunks and
+        # running generations in one batch, so a long prompt does not stall them.
+        argv += ["--enable-mixed-chunk"]
+    else:
+        argv += [
+            "--disaggregation-mode", role,
+            "--disaggregation-transfer-backend", backend,
+        ]  # fmt: skip
     if role == "prefill":
         argv += ["--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT)]
     rdma = spec.network.rdma_or_default
-    if rdma is not None and rdma.ucx_devices:
+    if rdma is not None and rdma.ucx_devices and not _colocated(role):
         argv += ["--disaggregation-ib-device", ",".join(d.split(":")[0] for d in rdma.ucx_devices)]
     if pool.max_num_batched_tokens is not None:
         argv += ["--chunked-prefill-size", str(pool.max_num_batched_tokens)]
@@ -192,15 +205,20 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
     port = engine_port(spec)
     argv = _vllm_argv(spec, role) if vllm else _sglang_argv(spec, role)
     argv += [*spec.engine.extra_args, *pool.extra_args]
+    colocated = _colocated(role)
     base_env: list[dict[str, Any]] = [
         {"name": "DISAGG_ROLE", "value": role},
         {"name": "DISAGG_BACKEND", "value": spec.engine.backend},
-        {"name": "DISAGG_KV_CONNECTOR", "value": spec.engine.kv_connector},
+        *(
+            []
+            if colocated
+            else [{"name": "DISAGG_KV_CONNECTOR", "value": spec.engine.kv_connector}]
+        ),
         _pod_ip("POD_IP"),
     ]
     ports = [ContainerPort("http", port)]
     annotations: dict[str, str] = {}
-    if vllm:
+    if vllm and not colocated:
         # The NIXL side channel is announced to decode in kv_transfer_params.remote_host.
         base_env += [
             _pod_ip("VLLM_NIXL_SIDE_CHANNEL_HOST"),
@@ -216,7 +234,7 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
         if spec.engine.kv_connector == "mooncake" and role == "prefill":
             base_env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(BOOTSTRAP_PORT)})
             ports.append(ContainerPort("bootstrap", BOOTSTRAP_PORT))
-    else:
+    elif not vllm:
         base_env.append(_pod_ip("SGLANG_HOST_IP"))
         if role == "prefill":
             ports.append(ContainerPort("bootstrap", BOOTSTRAP_PORT))
@@ -232,9 +250,8 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
                     "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
                 }
             )
-    env = _merge_env(
-        base_env, _transport_env(spec), _user_env(spec.engine.env), _user_env(pool.env)
-    )
+    transport = [] if colocated else _transport_env(spec)
+    env = _merge_env(base_env, transport, _user_env(spec.engine.env), _user_env(pool.env))
     return EngineLaunch(
         argv=argv, env=env, ports=ports, http_port=port, pod_annotations=annotations
     )

@@ -27,13 +27,24 @@ def router_endpoint(ctx: RenderContext) -> str:
 def router_args(ctx: RenderContext) -> list[str]:
     """Command-line arguments of ``disagg router`` for this model."""
     spec = ctx.model.spec
-    return [
+    common = [
         "--host", "0.0.0.0",
         "--port", str(spec.router.port),
         "--served-model-name", spec.served_name,
         "--backend", spec.engine.backend,
         "--discover",
         "--namespace", ctx.namespace,
+    ]  # fmt: skip
+    if (ctx.router_mode or spec.mode) == "colocated":
+        return [
+            *common,
+            "--colocated",
+            "--decode-selector", pool_selector(ctx.name, "engine"),
+            "--policy", spec.router.policy,
+            "--drain-timeout", str(DRAIN_SECONDS),
+        ]  # fmt: skip
+    return [
+        *common,
         "--prefill-selector", pool_selector(ctx.name, "prefill"),
         "--decode-selector", pool_selector(ctx.name, "decode"),
         "--pd-threshold", str(spec.router.prefill_threshold_tokens),

@@ -1,10 +1,11 @@
-"""The prefill and decode Deployments: GPU engine pods wired for KV-cache transfer."""
+"""The pool Deployments: prefill and decode engine pods wired for KV-cache transfer, or the
+colocated engine pool, which needs no RDMA."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from disagg.api.spec import DisaggregatedModelSpec, Role
+from disagg.api.spec import DisaggregatedModelSpec, RdmaSpec, Role
 from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
 from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
@@ -39,10 +40,15 @@ def pool_replicas(ctx: RenderContext, role: Role) -> int | None:
     return max(bounds.min_replicas, min(bounds.max_replicas, wanted))
 
 
+def _rdma(spec: DisaggregatedModelSpec, role: Role) -> RdmaSpec | None:
+    """The RDMA settings a pool uses: none for the colocated engine, which moves no KV."""
+    return None if role == "engine" else spec.network.rdma_or_default
+
+
 def _resources(spec: DisaggregatedModelSpec, role: Role) -> Manifest:
     pool = spec.pool(role)
     extended: dict[str, Any] = {GPU_RESOURCE: str(pool.gpus)}
-    rdma = spec.network.rdma_or_default
+    rdma = _rdma(spec, role)
     if rdma is not None:
         extended[rdma.resource_name] = str(rdma.resource_count)
     # Extended resources must be equal in requests and limits.
@@ -109,15 +115,17 @@ def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -
             }
         },
     }  # fmt: skip
-    if spec.network.transport == "rdma":
+    if _rdma(spec, role) is not None:
         # IPC_LOCK lifts RLIMIT_MEMLOCK for verbs memory registration (ib_umem_get).
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     return container
 
 
-def _pod_annotations(spec: DisaggregatedModelSpec, launch: EngineLaunch) -> dict[str, str]:
+def _pod_annotations(
+    spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch
+) -> dict[str, str]:
     annotations = dict(launch.pod_annotations)
-    rdma = spec.network.rdma_or_default
+    rdma = _rdma(spec, role)
     if rdma is not None and rdma.networks and not rdma.host_network:
         annotations[MULTUS_ANNOTATION] = ", ".join(rdma.networks)
     return annotations
@@ -139,7 +147,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         "containers": [container],
         "volumes": volumes,
     }
-    rdma = spec.network.rdma_or_default
+    rdma = _rdma(spec, role)
     if rdma is not None and rdma.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -156,7 +164,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
     template_meta: Manifest = {"labels": labels(ctx.name, role)}
-    annotations = _pod_annotations(spec, launch)
+    annotations = _pod_annotations(spec, role, launch)
     if annotations:
         template_meta["annotations"] = annotations
     return {

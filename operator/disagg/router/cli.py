@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cmd.add_argument(
         "--prefill-bootstrap-port", type=int, default=8998, help="SGLang bootstrap port (static)"
     )
+    cmd.add_argument(
+        "--colocated",
+        action="store_true",
+        help="one engine pool prefills and decodes: each request goes as sent to one of the "
+        "--decode engines (path colocated); no prefill pool, no KV transfer",
+    )
     cmd.add_argument("--discover", action="store_true", help="find engines by watching Pods")
     cmd.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE"), help="namespace of the pools"
@@ -136,10 +142,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    if args.colocated and (args.prefill or args.prefill_selector):
+        return "--colocated has no prefill pool: drop --prefill / --prefill-selector"
     if args.discover:
-        missing = [
-            f for f in ("namespace", "prefill_selector", "decode_selector") if not getattr(args, f)
-        ]
+        needed = (
+            ("namespace", "decode_selector")
+            if args.colocated
+            else ("namespace", "prefill_selector", "decode_selector")
+        )
+        missing = [f for f in needed if not getattr(args, f)]
         if missing:
             return "--discover needs " + ", ".join("--" + m.replace("_", "-") for m in missing)
     elif not args.decode:
@@ -172,6 +183,7 @@ async def _serve(args: argparse.Namespace) -> int:
     decode.replace(Endpoint(u) for u in args.decode)
     config = RouterConfig(
         served_model_name=args.served_model_name,
+        colocated=args.colocated,
         pd_threshold=args.pd_threshold,
         backend=args.backend,
         prefill_timeout=args.prefill_timeout,
@@ -199,9 +211,14 @@ async def _serve(args: argparse.Namespace) -> int:
 
         client = await KubeClient.connect(args.kubeconfig)
         tasks = [
-            asyncio.create_task(watch_pool(client, args.namespace, args.prefill_selector, prefill)),
-            asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode)),
+            asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode))
         ]
+        if not args.colocated:
+            tasks.append(
+                asyncio.create_task(
+                    watch_pool(client, args.namespace, args.prefill_selector, prefill)
+                )
+            )
     deadline = HeaderDeadline(
         args.header_timeout, router.metrics.client_timeouts.labels(phase="headers").inc
     )
@@ -231,11 +248,11 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     )
     logging.getLogger("disagg.router").info(
-        "Router listening on %s:%d (%s, threshold %d tokens, %s%s)",
+        "Router listening on %s:%d (%s, %s, %s%s)",
         args.host,
         args.port,
         args.backend,
-        args.pd_threshold,
+        "colocated" if args.colocated else f"threshold {args.pd_threshold} tokens",
         args.policy,
         f", {prompts.description}" if picker.cache_aware else "",
     )

@@ -12,7 +12,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from disagg.router.endpoints import Endpoint
 
-PATHS: Final = ("disaggregated", "skipped", "local-prefill", "fallback")
+PATHS: Final = ("disaggregated", "skipped", "local-prefill", "fallback", "colocated")
 
 
 class RouterMetrics:

@@ -51,6 +51,8 @@ class RouterConfig:
     """Behaviour of one router process."""
 
     served_model_name: str | None
+    colocated: bool = False
+    """One engine pool prefills and decodes: every request goes to a decode engine as sent."""
     pd_threshold: int = 256
     backend: str = "vllm"
     prefill_timeout: float = 60.0
@@ -332,6 +334,9 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     headers["X-Request-Id"] = request_id
     prompt = router.prompts.read(body) if router.picker.cache_aware else None
     call = Call(path, body, headers, request_id, arrival, _prompt_prefix(body), prompt)
+    if router.config.colocated:
+        preferred = router.picker.pick(router.decode, call.prefix, None, call.prompt)
+        return await _decode(request, router, call, None, "colocated", preferred)
     if router.config.backend == "sglang":
         from disagg.router.sglang import handle_sglang
 

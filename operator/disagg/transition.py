@@ -1,0 +1,103 @@
+"""Pure: a switch of ``spec.mode`` as a rollout with no gap in serving.
+
+Changing the mode replaces the pools (prefill and decode, or the colocated engine pool). The
+pass creates the new mode's pools at once and, while they start, keeps the old ones and the
+router as they are: the router goes on sending traffic to the old pools. Once every new
+pool runs all its desired replicas ready, the router is rendered for the new mode; its
+rolling update (one surge pod at a time, never below the ready count) moves traffic over.
+Only when every router pod runs the new configuration and none is still draining are the
+old pools deleted, and their pods drain what they hold in their preStop hook. The pass reads
+all of this from what it lists each time, so a restart of the operator mid-switch resumes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from disagg.api.spec import Mode, Role
+
+Obj = dict[str, Any]
+POOL_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "engine")
+COLOCATED_FLAG: Final = "--colocated"
+"""The router argument that says which mode a live router Deployment serves."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Where a model stands in a mode switch (``retiring`` empty: no switch under way)."""
+
+    router_mode: Mode
+    """The mode the router is rendered for: the old one until the new pools are ready."""
+    retiring: tuple[Role, ...] = ()
+    """The old mode's pools, kept (neither pruned nor resized) until traffic has moved."""
+    message: str | None = None
+    """What the switch waits for, for the Progressing condition."""
+
+
+def mode_roles(mode: Mode) -> tuple[Role, ...]:
+    """The pools a mode runs."""
+    return ("engine",) if mode == "colocated" else ("prefill", "decode")
+
+
+def _fully_ready(deployment: Obj | None) -> bool:
+    if deployment is None:
+        return False
+    desired = int(deployment.get("spec", {}).get("replicas", 1))
+    return int(deployment.get("status", {}).get("readyReplicas", 0)) >= max(1, desired)
+
+
+def router_mode(deployment: Obj) -> Mode:
+    """The mode a live router Deployment was rendered for."""
+    containers = deployment.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+    args = (containers or [{}])[0].get("args", [])
+    return "colocated" if COLOCATED_FLAG in args else "disaggregated"
+
+
+def _router_settled(deployment: Obj) -> bool:
+    """Every router pod runs the Deployment's current template, ready, none left over."""
+    spec, status = deployment.get("spec", {}), deployment.get("status", {})
+    desired = int(spec.get("replicas", 1))
+    generation = int(deployment.get("metadata", {}).get("generation", 0))
+    return (
+        int(status.get("observedGeneration", 0)) >= generation
+        and int(status.get("updatedReplicas", 0)) >= desired
+        and int(status.get("replicas", 0)) == desired
+        and int(status.get("readyReplicas", 0)) >= desired
+    )
+
+
+def plan_switch(
+    mode: Mode,
+    deployments: Mapping[str, Obj | None],
+    router_enabled: bool,
+    router_pods_terminating: int = 0,
+) -> Switch:
+    """Which mode the router serves and which old pools stay, from the live Deployments by
+    role (``router`` included) and how many router pods are still draining."""
+    wanted = mode_roles(mode)
+    retiring = tuple(r for r in POOL_ROLES if r not in wanted and deployments.get(r) is not None)
+    if not retiring:
+        return Switch(mode)
+    old_mode: Mode = "colocated" if "engine" in retiring else "disaggregated"
+    old = ", ".join(retiring)
+    starting = [r for r in wanted if not _fully_ready(deployments.get(r))]
+    if starting:
+        return Switch(
+            old_mode,
+            retiring,
+            f"switching to {mode}: waiting for {', '.join(starting)} to be ready; "
+            f"{old} keep serving",
+        )
+    router = deployments.get("router")
+    if router_enabled and router is not None:
+        moved = router_mode(router) == mode and _router_settled(router)
+        if not moved or router_pods_terminating:
+            return Switch(
+                mode,
+                retiring,
+                f"switching to {mode}: the router moves traffic to {', '.join(wanted)}; "
+                f"{old} are removed once it has",
+            )
+    return Switch(mode)
