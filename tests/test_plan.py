@@ -112,12 +112,22 @@ def test_short_prompts_over_tcp_stay_colocated_and_long_prompts_over_rdma_split(
             assert option.mode == "colocated" or option.prefill_replicas >= 1
         manifest = to_manifest(result, request, name="planned")
         model = parse_model(manifest)  # what `disagg validate` runs
-        assert model.spec.prefill.replicas == result.chosen.prefill_replicas
+        runs = {r: model.spec.pool(r).replicas for r in model.spec.roles}
+        if result.verdict == "colocated":
+            assert runs == {"engine": result.chosen.decode_replicas}
+        else:
+            assert runs == {
+                "prefill": result.chosen.prefill_replicas,
+                "decode": result.chosen.decode_replicas,
+            }
         assert model.spec.autoscaling.enabled
     low, high = long_plan.bounds["prefill"]
     assert low <= chosen.prefill_replicas < high
     colocated_yaml = to_manifest(short_plan, short)
-    assert colocated_yaml["spec"]["router"]["prefillThresholdTokens"] > 128 * 8
+    assert colocated_yaml["spec"]["mode"] == "colocated"
+    engine = parse_model(colocated_yaml).spec.pool("engine")
+    assert engine.tensor_parallel_size == short_plan.chosen.decode_tp
+    assert engine.max_num_batched_tokens == short_plan.chosen.max_num_batched_tokens
 
 
 def test_the_verdict_rule_and_its_sentence() -> None:

@@ -108,8 +108,9 @@ def cmd_emulate(args: argparse.Namespace) -> int:
     async def main() -> None:
         client = await KubeClient.connect(str(layout.kubeconfig))
         emulator = PodEmulator(
-            client, args.namespace, args.time_scale, args.sim_arg or [], layout.logs / "pods"
-        )
+            client, args.namespace, args.time_scale, args.sim_arg or [], layout.logs / "pods",
+            router_kubeconfig=str(layout.kubeconfig) if args.routers else None,
+        )  # fmt: skip
 
         async def targets(_: web.Request) -> web.Response:
             return web.json_response(emulator.discovery_targets())
@@ -152,5 +153,10 @@ def register_emulator(actions: argparse._SubParsersAction[argparse.ArgumentParse
     )
     emulate.add_argument(
         "--sim-arg", action="append", help="extra `disagg sim engine` argument (repeatable)"
+    )
+    emulate.add_argument(
+        "--routers",
+        action="store_true",
+        help="also run `disagg router` for router pods, with the pod's own arguments",
     )
     emulate.set_defaults(func=cmd_emulate)

@@ -29,7 +29,14 @@ from disagg.perf.profiles import model_profile
 
 log = logging.getLogger("disagg.podemu")
 EMULATED_ANNOTATION: Final = "disagg.dev/emulated"
-SELECTOR: Final = "app.kubernetes.io/managed-by=disagg-operator,disagg.dev/role in (prefill,decode)"
+SELECTOR: Final = (
+    "app.kubernetes.io/managed-by=disagg-operator,disagg.dev/role in (prefill,decode,engine)"
+)
+WITH_ROUTERS: Final = (
+    "app.kubernetes.io/managed-by=disagg-operator,disagg.dev/role in (prefill,decode,engine,router)"
+)
+SIM_ROLES: Final = {"prefill": "prefill", "decode": "decode", "engine": "both"}
+"""The simulator's role for each pool: the colocated engine prefills and decodes."""
 PASSED_FLAGS: Final = {
     "--served-model-name": "--served-model-name",
     "--max-num-batched-tokens": "--max-num-batched-tokens",
@@ -50,13 +57,13 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
     containers = pod.get("spec", {}).get("containers", [])
     ip = pod.get("status", {}).get("podIP")
     role = pod.get("metadata", {}).get("labels", {}).get("disagg.dev/role")
-    if not containers or not ip or role not in ("prefill", "decode"):
+    if not containers or not ip or role not in SIM_ROLES:
         return None
     args = [str(a) for a in containers[0].get("args", [])]
     port = _flag(args, "--port") or "8000"
     argv = [
         "--role",
-        role,
+        SIM_ROLES[role],
         "--host",
         ip,
         "--port",
@@ -77,6 +84,30 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
         with contextlib.suppress(KeyError):  # unknown model: the simulator's default profile
             argv += ["--model-profile", model_profile(model.rsplit("/models/", 1)[-1]).name]
     return [*argv, *extra]
+
+
+def _last(argv: Sequence[str], flag: str) -> str:
+    """The value of the last ``flag`` (argparse lets a later one win)."""
+    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
+
+
+def router_argv(pod: dict[str, Any], kubeconfig: str) -> list[str] | None:
+    """``disagg router`` as the router pod's container would run it, on the pod IP and
+    watching the API server through ``kubeconfig``; None if it is not a router pod (pure)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    ip = pod.get("status", {}).get("podIP")
+    role = pod.get("metadata", {}).get("labels", {}).get("disagg.dev/role")
+    if not containers or not ip or role != "router":
+        return None
+    args = [str(a) for a in containers[0].get("args", [])]
+    return ["router", *args, "--host", ip, "--kubeconfig", kubeconfig]
+
+
+def pre_stop_sleep(pod: dict[str, Any]) -> float:
+    """Seconds of the pod's ``preStop: sleep`` hook (0 without one)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    hook = (containers or [{}])[0].get("lifecycle", {}).get("preStop", {})
+    return float(hook.get("sleep", {}).get("seconds", 0))
 
 
 def pre_stop_argv(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]] | None:
@@ -111,8 +142,12 @@ class PodEmulator:
         time_scale: float,
         extra: Sequence[str],
         log_dir: Path,
+        router_kubeconfig: str | None = None,
     ) -> None:
         self.client = client
+        self.router_kubeconfig = router_kubeconfig
+        """Also run ``disagg router`` for router pods, watching the API server through it."""
+        self.selector = WITH_ROUTERS if router_kubeconfig else SELECTOR
         self.namespace = namespace
         self.time_scale = time_scale
         self.extra = list(extra)
@@ -131,11 +166,12 @@ class PodEmulator:
         while True:
             try:
                 items, version = await self.client.list_with_version(
-                    "Pod", self.namespace, SELECTOR
+                    "Pod", self.namespace, self.selector
                 )
                 for pod in items:
                     await self.observe("MODIFIED", pod)
-                async for kind, pod in self.client.watch("Pod", self.namespace, SELECTOR, version):
+                watch = self.client.watch("Pod", self.namespace, self.selector, version)
+                async for kind, pod in watch:
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         await self.observe(kind, pod)
             except asyncio.CancelledError:
@@ -166,14 +202,50 @@ class PodEmulator:
             elif current is None and meta.get("annotations", {}).get(EMULATED_ANNOTATION):
                 await self._force_delete(pod)
             return
+        if not meta.get("annotations", {}).get(EMULATED_ANNOTATION):
+            # Claimed before kwok starts it, so it starts Running but not Ready (see
+            # kwok-stages.yaml): no controller counts it ready before its process serves.
+            await self._claim(pod)
         if current is None and status.get("phase") == "Running" and status.get("podIP"):
             await self._start(key, pod)
 
-    async def _start(self, key: str, pod: dict[str, Any]) -> None:
+    def _command(self, pod: dict[str, Any]) -> list[str] | None:
+        """The ``disagg`` command line that plays this pod's container."""
+        if self.router_kubeconfig is not None:
+            router = router_argv(pod, self.router_kubeconfig)
+            if router is not None:
+                return router
         argv = sim_argv(pod, self.time_scale, self.extra)
+        return None if argv is None else ["sim", "engine", *argv]
+
+    async def _start(self, key: str, pod: dict[str, Any]) -> None:
+        argv = self._command(pod)
         if argv is None:
             return
         meta = pod["metadata"]
+        # Not ready until the process answers /health, as its readiness probe would say
+        # (kwok made it Ready if it started the pod before the claim reached it).
+        await self._set_ready(pod, False)
+        log_file = (self.log_dir / f"{meta['namespace']}_{meta['name']}.log").open("ab")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "disagg.cli",
+            *argv,
+            stdout=log_file,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+        log_file.close()
+        url = f"http://{_last(argv, '--host')}:{_last(argv, '--port')}"
+        self.running[key] = Running(process, url)
+        what = "router" if argv[0] == "router" else f"{argv[3]} simulator"
+        log.info("Started a %s for %s at %s", what, key, url)
+        self._spawn(self._ready_when_healthy(key, pod, url))
+
+    async def _claim(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        meta.setdefault("annotations", {})[EMULATED_ANNOTATION] = "true"
         with contextlib.suppress(KubeError):
             await self.client.patch(
                 "Pod",
@@ -181,25 +253,6 @@ class PodEmulator:
                 meta["name"],
                 {"metadata": {"annotations": {EMULATED_ANNOTATION: "true"}}},
             )
-        # Not ready until the engine answers /health, as its readiness probe would say.
-        await self._set_ready(pod, False)
-        log_file = (self.log_dir / f"{meta['namespace']}_{meta['name']}.log").open("ab")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "disagg.cli",
-            "sim",
-            "engine",
-            *argv,
-            stdout=log_file,
-            stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
-        log_file.close()
-        url = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}"
-        self.running[key] = Running(process, url)
-        log.info("Started a %s simulator for %s at %s", argv[1], key, url)
-        self._spawn(self._ready_when_healthy(key, pod, url))
 
     async def _ready_when_healthy(self, key: str, pod: dict[str, Any], url: str) -> None:
         async with httpx.AsyncClient(timeout=1.0) as http:
@@ -234,6 +287,14 @@ class PodEmulator:
 
     async def _drain_and_remove(self, key: str, pod: dict[str, Any]) -> None:
         grace = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        pause = pre_stop_sleep(pod)
+        if pause and key in self.running:
+            # The router's hook: keep serving while the Service stops sending to the pod,
+            # then SIGTERM, on which it finishes what it holds (within the grace period).
+            await asyncio.sleep(pause)
+            await self._stop(key, max(10.0, grace - pause))
+            await self._force_delete(pod)
+            return
         hook = pre_stop_argv(pod)
         if hook is not None and key in self.running:
             argv, env = hook
@@ -259,13 +320,13 @@ class PodEmulator:
         with contextlib.suppress(KubeError):
             await self.client.delete_now("Pod", meta["namespace"], meta["name"])
 
-    async def _stop(self, key: str) -> None:
+    async def _stop(self, key: str, grace: float = 10.0) -> None:
         current = self.running.pop(key, None)
         if current is None or current.process.returncode is not None:
             return
         current.process.terminate()
         try:
-            await asyncio.wait_for(current.process.wait(), 10)
+            await asyncio.wait_for(current.process.wait(), grace)
         except TimeoutError:
             current.process.kill()
             await current.process.wait()

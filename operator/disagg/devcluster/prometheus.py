@@ -29,7 +29,7 @@ def scrape_config(kubeconfig: Path | None, interval: str = "15s") -> dict[str, A
             # Only engine pods of a DisaggregatedModel, on their HTTP port.
             {
                 "source_labels": ["__meta_kubernetes_pod_label_disagg_dev_role"],
-                "regex": "prefill|decode",
+                "regex": "prefill|decode|engine",
                 "action": "keep",
             },
             {

@@ -317,7 +317,7 @@ def _yaml_comment(result: Plan) -> str:
         lines += ["# " + line for line in textwrap.wrap(reason, 96)]
     if result.verdict == "colocated":
         lines += [
-            "# Colocated: the router sends every prompt straight to the decode pool (its",
-            "# prefill threshold is above any prompt) and the prefill pool stays at zero.",
+            "# Colocated: one engine pool, configured by `decode`, prefills and decodes with",
+            "# chunked prefill. `prefill` is not run; it is there for `mode: disaggregated`.",
         ]
     return "\n".join(lines) + "\n"

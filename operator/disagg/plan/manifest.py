@@ -1,10 +1,11 @@
 """A plan as a ready DisaggregatedModel manifest (pure).
 
 A disaggregated plan becomes the two pools with the planned TP degrees, replica counts and
-autoscaler bounds. A colocated plan becomes a decode pool that serves whole requests (the
-router's prefill threshold above any prompt, the prefill pool at zero), which is how this
-API runs a colocated engine: one manifest shape, and a later switch is a one-field edit.
-The manifest is validated by the API before it is returned, so it cannot be invalid.
+autoscaler bounds. A colocated plan becomes ``mode: colocated`` with the planned engine in
+``decode`` (its chunk size as ``maxNumBatchedTokens``) and a one-replica prefill pool of the
+same TP that the mode does not run: switching to ``disaggregated`` later is a one-field edit
+that starts from a working split. The manifest is validated by the API before it is
+returned, so it cannot be invalid.
 """
 
 from __future__ import annotations
@@ -62,10 +63,14 @@ def to_manifest(
     if request.max_gpus is not None:
         spec["autoscaling"]["maxTotalGpus"] = request.max_gpus
     if colocated:
-        longest = max(
-            [r.prompt_tokens for r in request.traffic.trace] or [int(request.traffic.mean_prompt)]
-        )
-        spec["router"] = {"prefillThresholdTokens": max(1_000_000, longest * 16)}
+        spec["mode"] = "colocated"
+        high = max(1, result.bounds["decode"][1])
+        spec["prefill"] = {
+            "replicas": 1,
+            "tensorParallelSize": chosen.decode_tp,
+            "maxNumBatchedTokens": 8192,
+            "autoscaling": {"minReplicas": 1, "maxReplicas": high},
+        }
     manifest = {
         "apiVersion": API_VERSION,
         "kind": KIND,
