@@ -1,0 +1,120 @@
+"""The reconcile pass in colocated mode and across a mode switch, against the in-memory API
+server: the old pools serve until the router has moved to ready new ones, and the colocated
+engine pool scales on either SLO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import load_example
+from disagg.autoscale.policy import Signals
+from test_reconcile_pass import NAME, NS, World, autoscaled
+
+Obj = dict[str, Any]
+
+
+def _ready(world: World, *roles: str) -> None:
+    """The Deployment controller and kubelets bring every replica of ``roles`` up."""
+    for role in roles:
+        dep = world.deployment(role)
+        n = dep["spec"].get("replicas", 1)
+        world.kube.set_status("Deployment", NS, dep["metadata"]["name"], {
+            "observedGeneration": dep["metadata"]["generation"], "replicas": n,
+            "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n,
+        })  # fmt: skip
+
+
+def _deployments(world: World) -> set[str]:
+    return {o["metadata"]["name"] for o in world.kube.objects.values() if o["kind"] == "Deployment"}
+
+
+def _router_args(world: World) -> list[str]:
+    args: list[str] = world.deployment("router")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    return args
+
+
+async def test_a_switch_to_colocated_keeps_prefill_and_decode_until_traffic_has_moved() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    _ready(world, "prefill", "decode", "router")
+    await world.reconcile()
+    world.edit({"mode": "colocated"})
+
+    await world.reconcile()
+    pools = {f"{NAME}-prefill", f"{NAME}-decode", f"{NAME}-engine", f"{NAME}-router"}
+    assert _deployments(world) == pools
+    assert "--colocated" not in _router_args(world)  # still routing to prefill and decode
+    progressing = world.condition("Progressing")
+    assert progressing["reason"] == "SwitchingMode"
+    assert "waiting for engine to be ready" in progressing["message"]
+    ready = world.condition("Ready")
+    assert ready["status"] == "True", ready  # the old pools serve meanwhile
+    assert world.model()["status"]["engine"]["summary"] == "0/1"
+
+    _ready(world, "engine")
+    await world.reconcile()
+    assert "--colocated" in _router_args(world)  # the router rolls over to the engine pool
+    assert _deployments(world) == pools
+    assert "the router moves traffic to engine" in world.condition("Progressing")["message"]
+
+    _ready(world, "router")  # every router pod runs the new template
+    await world.reconcile()
+    assert _deployments(world) == {f"{NAME}-engine", f"{NAME}-router"}
+    deleted = world.events("Deleted")
+    assert len(deleted) == 1
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        assert f"{kind} {NAME}-prefill" in deleted[0]["message"]
+    status = world.model()["status"]
+    assert "prefill" not in status and status["engine"]["summary"] == "1/1"
+    assert world.condition("Progressing")["reason"] == "RolloutComplete"
+    writes = len(world.kube.writes)
+    await world.reconcile()
+    assert world.kube.writes[writes:] == []  # settled: a resync costs nothing
+
+
+async def test_a_router_pod_still_draining_holds_the_old_pools() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    _ready(world, "prefill", "decode", "router")
+    world.edit({"mode": "colocated"})
+    await world.reconcile()
+    _ready(world, "engine")
+    await world.reconcile()
+    _ready(world, "router")
+    draining = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": f"{NAME}-router-old", "namespace": NS, "deletionTimestamp": "2027-01-01T00:00:00Z",
+            "labels": {"disagg.dev/model": NAME, "disagg.dev/role": "router"},
+        },
+    }  # fmt: skip
+    world.kube.put(draining)
+    await world.reconcile()
+    assert f"{NAME}-prefill" in _deployments(world)
+    await world.kube.delete("Pod", NS, f"{NAME}-router-old")
+    await world.reconcile()
+    assert f"{NAME}-prefill" not in _deployments(world)
+
+
+async def test_the_colocated_engine_pool_scales_up_on_its_ttft_alone() -> None:
+    manifest = autoscaled()
+    manifest["spec"]["mode"] = "colocated"
+    world = World(manifest)
+    await world.reconcile()
+    _ready(world, "engine", "router")
+    # TPOT is fine; prompts wait: the prefill phase asks for more engines.
+    world.prometheus.prefill = Signals(p99=6.0, request_rate=20.0, queue=40.0, running=8.0,
+                                       pods_reporting=1)  # fmt: skip
+    world.clock.now += 15
+    await world.reconcile()
+    assert world.prometheus.queries == 2  # both phases, from the engine pool's pods
+    grown = world.deployment("engine")["spec"]["replicas"]
+    assert grown > 1
+    status = world.model()["status"]
+    assert status["engine"]["desiredReplicas"] == grown
+    assert status["engine"]["lastScaleReason"].startswith("TTFT: scale up")
+    scaled = world.events("ScaledUp")
+    assert len(scaled) == 1 and scaled[0]["message"].startswith(f"engine 1 -> {grown}")
+    assert "prefill" not in status and "decode" not in status
