@@ -21,7 +21,7 @@ from typing import Any, Final
 
 from disagg.api.base import format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
-from disagg.api.spec import Role
+from disagg.api.spec import Mode, Role
 from disagg.api.status import ObservedMetrics
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
@@ -60,6 +60,8 @@ class ScalerState:
     """When the next evaluation is due (epoch seconds): a pass before then reads no metrics."""
     pending: ScalingRecord | None = None
     """The last evaluation's record until a status write has it."""
+    mode: Mode = "disaggregated"
+    """The mode whose pools the memories describe."""
 
 
 @dataclass(frozen=True)

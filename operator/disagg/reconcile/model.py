@@ -218,7 +218,11 @@ class Reconciler:
         if not _builtin(model):
             self.scalers.pop(key, None)
             return None
-        state = self.scalers.setdefault(key, ScalerState())
+        state = self.scalers.setdefault(key, ScalerState(mode=model.spec.mode))
+        if state.mode != model.spec.mode:
+            # What one pool shape taught (a colocated engine's prefill speed, say) does not
+            # hold for the other mode's pools: learn again.
+            state = self.scalers[key] = ScalerState(mode=model.spec.mode)
         roles = model.spec.roles
         deployments = {
             role: pool
