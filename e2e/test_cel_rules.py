@@ -60,6 +60,10 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
     ),
     ("autoscaling.maxTotalGpus is smaller", {"autoscaling": {"maxTotalGpus": 1}}),
     (
+        "autoscaling.mode external is not available with mode colocated",
+        {"mode": "colocated", "autoscaling": {"enabled": True, "mode": "external"}},
+    ),
+    (
         "must be at most 1h (the HPA's limit)",
         {"autoscaling": {"mode": "external", "scaleDown": {"stabilizationWindow": "2h"}}},
     ),
@@ -495,3 +499,22 @@ def test_api_server_accepts_nixl_tp_degrees_that_divide_either_way(
         }
         manifest = _manifest(patch, name=f"tp-{prefill_tp}-{decode_tp}")
         kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")
+
+
+def test_api_server_takes_the_split_only_rules_off_a_colocated_model(
+    kube: Kube, namespace: str
+) -> None:
+    # No KV moves in a colocated model: TP 3 beside TP 2 and a budget for one pool are fine.
+    patch = {
+        "mode": "colocated",
+        "prefill": {"tensorParallelSize": 3},
+        "decode": {"tensorParallelSize": 2},
+        "autoscaling": {"enabled": True, "maxTotalGpus": 2},
+    }
+    manifest = _manifest(patch, name="colocated-uneven")
+    kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")
+    split = _manifest({**patch, "mode": "disaggregated"}, name="split-uneven")
+    refused = kube.apply(
+        yaml.safe_dump(split), namespace, "--server-side", "--dry-run=server", check=False
+    )
+    assert refused.returncode != 0 and "multiple of the smaller" in refused.stderr

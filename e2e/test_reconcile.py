@@ -67,8 +67,9 @@ def test_model_becomes_ready_on_gpu_nodes(kube: Kube, operator: Operator, namesp
 
     table = kube.run("get", "dm", "qwen-small", "-n", namespace).stdout.split("\n")
     header, row = table[0].split(), table[1].split()
-    assert header[:6] == ["NAME", "READY", "PREFILL", "DECODE", "TTFT", "TPOT"]
-    assert row[:4] == ["qwen-small", "True", "1/1", "1/1"]
+    # ENGINE is empty for a disaggregated model (and TTFT/TPOT without autoscaling).
+    assert header[:8] == ["NAME", "READY", "MODE", "PREFILL", "DECODE", "ENGINE", "TTFT", "TPOT"]
+    assert row[:5] == ["qwen-small", "True", "disaggregated", "1/1", "1/1"]
 
     model = kube.get("dm", "qwen-small", namespace)
     assert model is not None

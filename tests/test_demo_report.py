@@ -46,3 +46,49 @@ def test_every_story_ends_quiet_after_both_waves() -> None:
         names = [p.name for p in story]
         assert names.index("long-prompts") < names.index("long-outputs") < names.index("quiet")
         assert story[-1].rate == 0
+
+
+CHAT = Phase("chat", "steady chat", 2, 30, 600, 48, "both hold")
+
+
+def _with_engine(t: float, engines: int) -> Sample:
+    sample = _sample(t, 1, 1)
+    sample.replicas["engine"] = sample.ready["engine"] = engines
+    return sample
+
+
+def test_the_colocated_contrast_is_reported_beside_the_split() -> None:
+    def load(*tpots: float) -> LoadReport:
+        return LoadReport(sent=len(tpots), ok=len(tpots), ttfts=[0.3] * len(tpots), tpots=[*tpots])
+
+    results = [
+        PhaseResult(
+            CHAT,
+            0,
+            30,
+            load(0.010, 0.012),
+            [_with_engine(0, 2), _with_engine(30, 2)],
+            colocated_load=load(0.011, 0.013),
+        ),
+        PhaseResult(
+            PROMPTS,
+            30,
+            60,
+            load(0.011, 0.013),
+            [_with_engine(30, 2), _with_engine(60, 4)],
+            colocated_load=load(0.030, 0.078),
+        ),
+    ]
+    summary = summarize(results, 1.0, 0.04, gpus={"prefill": 1, "decode": 1, "engine": 1})
+    contrast = summary["contrast"]
+    assert contrast["colocated"]["wave_over_chat"] == 6.0  # 78 ms against 13 ms
+    assert contrast["disaggregated"]["wave_over_chat"] == 1.08  # 13 ms against 12 ms
+    wave = summary["phases"][1]
+    assert wave["pools"]["engine"] == {"start": 2, "highest": 4, "lowest": 2, "end": 4}
+    assert wave["colocated"]["tpot_attainment"] == 0.5
+    # The engine pool's moves are the contrast model's, not the split's scaling actions.
+    assert summary["scaling_actions"] == 0
+    assert summary["colocated"]["gpu_minutes"] == round((30 * 2 + 30 * 2) / 60, 2)
+    text = table(summary)
+    assert "colocated model of the same engines" in text and "(6x)" in text
+    assert "2->4->4" in text

@@ -1,4 +1,6 @@
-"""The demo's summary: per phase and pool, as a table, as JSON, and as a PNG timeline."""
+"""The demo's summary: per phase and pool, as a table, as JSON, and as a PNG timeline; with
+the colocated contrast model, its engine pool and latencies beside the split's, and the
+contrast itself: each model's TPOT p99 in the long-prompt wave against its steady chat."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ class Sample:
     ttft_p99: float | None
     tpot_p99: float | None
     reason: str = ""
+    colocated_ttft_p99: float | None = None
+    colocated_tpot_p99: float | None = None
 
 
 @dataclass
@@ -32,6 +36,8 @@ class PhaseResult:
     ended: float
     load: LoadReport | None = None
     samples: list[Sample] = field(default_factory=list)
+    colocated_load: LoadReport | None = None
+    """The same traffic, sent to the colocated contrast model."""
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -41,17 +47,55 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
+def _latencies(load: LoadReport | None, ttft_slo: float, tpot_slo: float) -> dict[str, Any]:
+    ttft_ok, tpot_ok = load.attainment(ttft_slo, tpot_slo) if load and load.ok else (None, None)
+    return {
+        "requests": load.sent if load else 0,
+        "failed_requests": load.failed if load else 0,
+        "ttft_p99_seconds": _percentile(load.ttfts, 0.99) if load else None,
+        "tpot_p99_seconds": _percentile(load.tpots, 0.99) if load else None,
+        "ttft_attainment": ttft_ok,
+        "tpot_attainment": tpot_ok,
+    }
+
+
+CHAT, WAVE = "chat", "long-prompts"
+"""The phases the contrast compares: steady chat, then the wave of long prompts."""
+
+
+def _contrast(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each model's TPOT p99 in the wave as a multiple of its steady-chat value."""
+    by_name = {p["phase"]: p for p in phases}
+    if CHAT not in by_name or WAVE not in by_name or "colocated" not in by_name[WAVE]:
+        return None
+    wave, chat = by_name[WAVE], by_name[CHAT]
+    sides = {
+        "disaggregated": (chat["tpot_p99_seconds"], wave["tpot_p99_seconds"]),
+        "colocated": (chat["colocated"]["tpot_p99_seconds"], wave["colocated"]["tpot_p99_seconds"]),
+    }
+    result = {}
+    for model, (quiet, busy) in sides.items():
+        result[model] = {
+            "chat_tpot_p99_seconds": quiet,
+            "wave_tpot_p99_seconds": busy,
+            "wave_over_chat": round(busy / quiet, 2) if quiet and busy is not None else None,
+        }
+    return result
+
+
 def summarize(
     results: list[PhaseResult], ttft_slo: float, tpot_slo: float, gpus: dict[str, int]
 ) -> dict[str, Any]:
-    """The summary as plain data (what --json prints and summary.json holds)."""
+    """The summary as plain data (what --json prints and summary.json holds); ``gpus`` per
+    replica of each pool, ``engine`` for the colocated contrast model's."""
     phases = []
     actions = 0
-    gpu_seconds = 0.0
+    gpu_seconds = colocated_gpu_seconds = 0.0
+    split = [r for r in gpus if r != "engine"]
     previous: dict[str, int] | None = None
     for result in results:
         pools = {}
-        for role in ("prefill", "decode"):
+        for role in gpus:
             counts = [s.replicas[role] for s in result.samples] or [0]
             pools[role] = {
                 "start": counts[0],
@@ -59,36 +103,41 @@ def summarize(
                 "lowest": min(counts),
                 "end": counts[-1],
             }
-        load = result.load
-        ttft_ok, tpot_ok = load.attainment(ttft_slo, tpot_slo) if load and load.ok else (None, None)
         for a, b in zip(result.samples, result.samples[1:], strict=False):
-            gpu_seconds += (b.t - a.t) * sum(a.replicas[r] * gpus[r] for r in gpus)
+            gpu_seconds += (b.t - a.t) * sum(a.replicas[r] * gpus[r] for r in split)
+            if "engine" in gpus:
+                colocated_gpu_seconds += (b.t - a.t) * a.replicas["engine"] * gpus["engine"]
         for sample in result.samples:
-            if previous is not None and sample.replicas != previous:
+            moved = {r: sample.replicas[r] for r in split}
+            if previous is not None and moved != previous:
                 actions += 1
-            previous = sample.replicas
-        phases.append(
-            {
-                "phase": result.phase.name,
-                "title": result.phase.title,
-                "expect": result.phase.expect,
-                "seconds": round(result.ended - result.started, 1),
-                "pools": pools,
-                "requests": load.sent if load else 0,
-                "failed_requests": load.failed if load else 0,
-                "ttft_p99_seconds": _percentile(load.ttfts, 0.99) if load else None,
-                "tpot_p99_seconds": _percentile(load.tpots, 0.99) if load else None,
-                "ttft_attainment": ttft_ok,
-                "tpot_attainment": tpot_ok,
-            }
-        )
-    return {
+            previous = moved
+        phase = {
+            "phase": result.phase.name,
+            "title": result.phase.title,
+            "expect": result.phase.expect,
+            "seconds": round(result.ended - result.started, 1),
+            "pools": pools,
+            **_latencies(result.load, ttft_slo, tpot_slo),
+        }
+        if "engine" in gpus:
+            phase["colocated"] = _latencies(result.colocated_load, ttft_slo, tpot_slo)
+        phases.append(phase)
+    summary: dict[str, Any] = {
         "slo": {"ttft_p99_seconds": ttft_slo, "tpot_p99_seconds": tpot_slo},
         "gpu_minutes": round(gpu_seconds / 60, 2),
         "scaling_actions": actions,
         "failed_requests": sum(p["failed_requests"] for p in phases),
         "phases": phases,
     }
+    contrast = _contrast(phases)
+    if contrast is not None:
+        summary["colocated"] = {
+            "gpu_minutes": round(colocated_gpu_seconds / 60, 2),
+            "failed_requests": sum(p["colocated"]["failed_requests"] for p in phases),
+        }
+        summary["contrast"] = contrast
+    return summary
 
 
 def _pool(phase: dict[str, Any], role: str) -> str:
@@ -128,6 +177,33 @@ def table(summary: dict[str, Any]) -> str:
         f"GPU-minutes {summary['gpu_minutes']:.2f}, scaling actions {summary['scaling_actions']}, "
         f"failed requests {summary['failed_requests']}"
     )
+    if "contrast" in summary:
+        lines += ["", "The same traffic on a colocated model of the same engines (one pool):"]
+        lines.append(
+            f"{'phase':<13} {'engine':>14} {'TTFT p99':>9} {'TPOT p99':>9} "
+            f"{'TTFT ok':>8} {'TPOT ok':>8} {'failed':>7}"
+        )
+        for p in summary["phases"]:
+            c = p["colocated"]
+            lines.append(
+                f"{p['phase']:<13} {_pool(p, 'engine'):>14} {_secs(c['ttft_p99_seconds']):>9} "
+                f"{_millis(c['tpot_p99_seconds']):>9} {_pct(c['ttft_attainment']):>8} "
+                f"{_pct(c['tpot_attainment']):>8} {c['failed_requests']:>7}"
+            )
+        colocated = summary["colocated"]
+        lines.append(
+            f"GPU-minutes {colocated['gpu_minutes']:.2f}, "
+            f"failed requests {colocated['failed_requests']}"
+        )
+        lines.append("")
+        for model, seen in summary["contrast"].items():
+            ratio = seen["wave_over_chat"]
+            lines.append(
+                f"TPOT p99 in the wave of long prompts, {model}: "
+                f"{_millis(seen['wave_tpot_p99_seconds'])} against "
+                f"{_millis(seen['chat_tpot_p99_seconds'])} in steady chat"
+                + ("" if ratio is None else f" ({ratio:g}x)")
+            )
     return "\n".join(lines)
 
 
@@ -146,12 +222,16 @@ def write(
     samples = [s for r in results for s in r.samples]
     t = [s.t for s in samples]
     fig, (ax_r, ax_t, ax_p) = plt.subplots(3, 1, figsize=(11, 8.5), sharex=True)
-    for role, color in (("prefill", "tab:orange"), ("decode", "tab:blue")):
+    contrast = any(s.colocated_tpot_p99 is not None for s in samples)
+    roles = [("prefill", "tab:orange"), ("decode", "tab:blue")]
+    if samples and "engine" in samples[0].replicas:
+        roles.append(("engine", "tab:red"))
+    for role, color in roles:
         ax_r.step(
             t,
             [s.replicas[role] for s in samples],
             where="post",
-            label=f"{role} replicas",
+            label=f"{role} replicas" + (" (colocated model)" if role == "engine" else ""),
             color=color,
         )
     ax_r.set_ylabel("replicas")
@@ -171,6 +251,16 @@ def write(
         color="tab:blue",
         label="TPOT p99 (decode pool)",
     )
+    if contrast:
+        ax_p.plot(
+            t,
+            [
+                s.colocated_tpot_p99 * 1000 if s.colocated_tpot_p99 is not None else float("nan")
+                for s in samples
+            ],
+            color="tab:red",
+            label="TPOT p99 (colocated engine pool)",
+        )
     ax_p.axhline(
         tpot_slo * 1000, color="tab:blue", linestyle="--", label=f"TPOT SLO {tpot_slo * 1000:g}ms"
     )
@@ -184,7 +274,10 @@ def write(
         ax_r.annotate(
             result.phase.title, (start, 1), xytext=(3, 3), textcoords="offset points", fontsize=8
         )
-    fig.suptitle("disagg-operator demo: each pool scales on its own SLO")
+    fig.suptitle(
+        "disagg-operator demo: each pool scales on its own SLO"
+        + ("; a colocated model of the same engines beside it" if contrast else "")
+    )
     fig.tight_layout()
     png_path = out / "timeline.png"
     fig.savefig(png_path, dpi=110)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import logging
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,9 +27,18 @@ import yaml
 
 from disagg.api.base import parse_duration
 from disagg.api.crd import build_crd
+from disagg.demo.live import Recorder, watch
 from disagg.demo.procs import Kube, wait_for
-from disagg.demo.report import PhaseResult, Sample, summarize, table, write
-from disagg.demo.stack import MODEL, Stack, drive, model_manifest, stack
+from disagg.demo.report import PhaseResult, summarize, table, write
+from disagg.demo.stack import (
+    COLOCATED_MODEL,
+    MODEL,
+    LoadReport,
+    Stack,
+    drive,
+    model_manifest,
+    stack,
+)
 from disagg.demo.story import STORIES, Phase
 from disagg.devcluster.layout import Layout, cache_dir, default_state_dir
 from disagg.devcluster.runner import ClusterError, down, ensure_binaries, repo_root, up
@@ -55,8 +66,6 @@ def _step(name: str, action: Callable[[], Any], log_hint: str) -> Any:
 
 def _install_operator(kube: Kube, layout: Layout) -> tuple[str, ...]:
     """helm upgrade --install the chart; returns operator args using its ServiceAccount token."""
-    import subprocess
-
     root = repo_root()
     if root is None:
         raise RuntimeError("the Helm chart is part of the source checkout; run the demo from it")
@@ -129,106 +138,36 @@ def _fresh_namespace(kube: Kube) -> None:
     )
 
 
-class Recorder:
-    """Samples replicas and the model status once a second; feeds the view and the report."""
-
-    def __init__(self, loop: Stack) -> None:
-        self.loop = loop
-        self.phase = ""
-        self.samples: list[Sample] = []
-        self.started = time.monotonic()
-        self.status_line = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> Sample:
-        model = self.loop.model()
-        status = model.get("status", {})
-        metrics = status.get("metrics", {})
-        ready = {r: int(status.get(r, {}).get("readyReplicas", 0)) for r in ("prefill", "decode")}
-        reasons = [status.get(r, {}).get("lastScaleReason") for r in ("prefill", "decode")]
-        times = [status.get(r, {}).get("lastScaleTime") or "" for r in ("prefill", "decode")]
-        latest = max(range(2), key=lambda i: times[i])
-        reason = (
-            f"{('prefill', 'decode')[latest]}: {reasons[latest]}"
-            if reasons[latest]
-            else "no scaling yet"
-        )
-        self.status_line = self.loop.kube.run(
-            "get", "dm", MODEL, "-n", NAMESPACE, check=False
-        ).stdout.strip()
-        return Sample(
-            time.monotonic() - self.started,
-            self.phase,
-            self.loop.replicas(),
-            ready,
-            metrics.get("ttftP99Seconds"),
-            metrics.get("tpotP99Seconds"),
-            reason,
-        )
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.samples.append(self._sample())
-            except (AssertionError, OSError, ValueError) as error:
-                logging.getLogger("disagg.demo").debug("sample failed: %r", error)
-            self._stop.wait(1.0)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+MINIMUM = {"prefill": 1, "decode": 1, "engine": 2}
+"""Each pool's autoscaling minimum: the split's 1P+1D and the colocated model's 2 engines."""
 
 
-def _line(recorder: Recorder, phase: Phase, rate: float) -> str:
-    s = recorder.samples[-1] if recorder.samples else None
-    if s is None:
-        return f"[{phase.name}] starting"
-    ttft = "-" if s.ttft_p99 is None else f"{s.ttft_p99:.2f}s"
-    tpot = "-" if s.tpot_p99 is None else f"{s.tpot_p99 * 1000:.0f}ms"
-    return (
-        f"t={s.t:5.0f}s [{phase.name:<12}] prefill {s.ready['prefill']}/{s.replicas['prefill']} "
-        f"decode {s.ready['decode']}/{s.replicas['decode']}  TTFT p99 {ttft}  TPOT p99 {tpot}  "
-        f"load {rate:g} req/s  last: {s.reason}"
+async def _both(loop: Stack, phase: Phase) -> tuple[LoadReport, LoadReport]:
+    """The phase's traffic to the split and, at the same time, the same to the colocated model."""
+    assert loop.router is not None and loop.colocated_router is not None
+    shape = (phase.rate, phase.seconds, phase.prompt_tokens, phase.max_tokens)
+    split, colocated = await asyncio.gather(
+        drive(loop.router.url, *shape),
+        drive(loop.colocated_router.url, *shape, model=COLOCATED_MODEL),
     )
+    return split, colocated
 
 
-def _watch(recorder: Recorder, phase: Phase, done: threading.Event, interactive: bool) -> None:
-    if interactive:
-        from rich.live import Live
-        from rich.panel import Panel
-        from rich.table import Table
-
-        def render() -> Panel:
-            grid = Table.grid(padding=(0, 2))
-            s = recorder.samples[-1] if recorder.samples else None
-            grid.add_row("phase", f"{phase.title}: {phase.expect}")
-            if s is not None:
-                for role, slo in (("prefill", "TTFT"), ("decode", "TPOT")):
-                    value = s.ttft_p99 if role == "prefill" else s.tpot_p99
-                    shown = (
-                        "-"
-                        if value is None
-                        else (f"{value:.2f}s" if role == "prefill" else f"{value * 1000:.0f}ms")
-                    )
-                    grid.add_row(
-                        role,
-                        f"{s.ready[role]}/{s.replicas[role]} ready/desired   {slo} p99 {shown}",
-                    )
-                grid.add_row("request rate", f"{phase.rate:g} req/s")
-                grid.add_row("last decision", s.reason)
-            grid.add_row("kubectl get dm", recorder.status_line)
-            return Panel(grid, title="disagg-operator demo")
-
-        with Live(render(), refresh_per_second=2, transient=False) as live:
-            while not done.wait(0.5):
-                live.update(render())
-        return
-    while not done.wait(5.0):
-        print(_line(recorder, phase, phase.rate), flush=True)
+def _diagnose(loop: Stack, name: str, since: float) -> dict[str, Any]:
+    """`disagg diagnose -o json` on one of the demo's models, as a user would run it."""
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "disagg.cli", "diagnose", "--prometheus", loop.prom_url,
+            "--model", name, "--namespace", loop.namespace, "--since", f"{max(60, int(since))}s",
+            "--step", "5s", "--window", "10s", "--kubeconfig", str(loop.kube.layout.kubeconfig),
+            "-o", "json",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if result.returncode != 0 or not result.stdout.strip():
+        return {"verdict": "error", "summary": result.stderr.strip()[-500:]}
+    answer: dict[str, Any] = json.loads(result.stdout)
+    return answer
 
 
 def _play(loop: Stack, story: tuple[Phase, ...], interactive: bool) -> list[PhaseResult]:
@@ -243,33 +182,24 @@ def _play(loop: Stack, story: tuple[Phase, ...], interactive: bool) -> list[Phas
             first = len(recorder.samples)
             done = threading.Event()
             viewer = threading.Thread(
-                target=_watch, args=(recorder, phase, done, interactive), daemon=True
+                target=watch, args=(recorder, phase, done, interactive), daemon=True
             )
             viewer.start()
             _say(f"phase '{phase.title}': {phase.expect}")
-            report = None
+            report = colocated = None
             if phase.rate:
-                report = asyncio.run(
-                    drive(
-                        loop.router.url,
-                        phase.rate,
-                        phase.seconds,
-                        phase.prompt_tokens,
-                        phase.max_tokens,
-                    )
-                )
+                report, colocated = asyncio.run(_both(loop, phase))
             else:
                 deadline = time.monotonic() + phase.seconds
-                while time.monotonic() < deadline and loop.replicas() != {
-                    "prefill": 1,
-                    "decode": 1,
-                }:
+                while time.monotonic() < deadline and loop.replicas() != MINIMUM:
                     time.sleep(1)
                 time.sleep(3)
             done.set()
             viewer.join(timeout=5)
             results.append(
-                PhaseResult(phase, started, time.monotonic(), report, recorder.samples[first:])
+                PhaseResult(
+                    phase, started, time.monotonic(), report, recorder.samples[first:], colocated
+                )
             )
     finally:
         recorder.stop()
@@ -315,13 +245,25 @@ def run(args: argparse.Namespace) -> int:
         )
         _step("preparing the demo namespace", lambda: _fresh_namespace(kube), str(layout.logs))
         _say("starting Prometheus, the pod emulator, the operator, the model and the router")
-        with stack(kube, NAMESPACE, operator_args) as loop:
-            _say(f"the model is Ready; router at {loop.router.url if loop.router else '?'}")
+        with stack(kube, NAMESPACE, operator_args, contrast=True) as loop:
+            _say(
+                f"both models are Ready; routers at {loop.router.url if loop.router else '?'} "
+                f"({MODEL}, disaggregated) and "
+                f"{loop.colocated_router.url if loop.colocated_router else '?'} "
+                f"({COLOCATED_MODEL}, colocated)"
+            )
             results = _play(loop, story, interactive)
+            since = time.monotonic() - results[0].started
+            _say("diagnosing both models from their engines' metrics (disagg diagnose)")
+            diagnoses = {name: _diagnose(loop, name, since) for name in (MODEL, COLOCATED_MODEL)}
         spec = model_manifest("")["spec"]
         ttft_slo = parse_duration(spec["autoscaling"]["ttftP99"])
         tpot_slo = parse_duration(spec["autoscaling"]["tpotP99"])
-        summary = summarize(results, ttft_slo, tpot_slo, {"prefill": 1, "decode": 1})
+        summary = summarize(results, ttft_slo, tpot_slo, {"prefill": 1, "decode": 1, "engine": 1})
+        summary["diagnoses"] = {
+            name: {"verdict": d.get("verdict"), "summary": d.get("summary")}
+            for name, d in diagnoses.items()
+        }
         json_path, png_path = write(summary, results, out, ttft_slo, tpot_slo)
     except StepFailed as failure:
         print(f"error: {failure}", file=sys.stderr)
@@ -331,6 +273,9 @@ def run(args: argparse.Namespace) -> int:
         down(layout, _say)
         return 130
     print(table(summary))
+    print()
+    for name, found in summary["diagnoses"].items():
+        print(f"disagg diagnose --model {name}: {found['verdict']}: {found['summary']}")
     print(f"\nsummary: {json_path}\ntimeline: {png_path}")
     print(
         f"\nThe control plane is still up. Explore it:\n  export KUBECONFIG={layout.kubeconfig}\n"

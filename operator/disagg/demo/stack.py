@@ -32,6 +32,25 @@ log = logging.getLogger("disagg.demo")
 TIME_SCALE = 1.0
 """Real time: at 10x, event-loop jitter on two shared cores becomes 10x larger simulated latency."""
 MODEL = "llama"
+COLOCATED_MODEL = "llama-colocated"
+"""The demo's contrast: the same engines, prefilling and decoding on the same GPUs."""
+
+
+def colocated_manifest(prom_url: str) -> dict[str, Any]:
+    """The contrast model: colocated, two engines (the split's two GPUs to start), each with
+    the split's prefill chunk size, autoscaled on the same SLOs within the same bounds."""
+    manifest = model_manifest(prom_url)
+    spec = manifest["spec"]
+    manifest["metadata"]["name"] = COLOCATED_MODEL
+    spec["mode"] = "colocated"
+    spec["model"]["servedName"] = COLOCATED_MODEL
+    spec["decode"] = {
+        "replicas": 2,
+        "maxNumBatchedTokens": 8192,
+        "maxNumSeqs": 8,
+        "autoscaling": {"minReplicas": 2, "maxReplicas": 4},
+    }
+    return manifest
 
 
 def model_manifest(prom_url: str, **autoscaling: Any) -> dict[str, Any]:
@@ -73,16 +92,22 @@ class Stack:
     emulator: subprocess.Popen[bytes]
     router: Proc | None
     operator: Operator
+    colocated_router: Proc | None = None
+    """The contrast model's router, when the stack runs one (``contrast=True``)."""
 
     def replicas(self) -> dict[str, int]:
+        """Pool sizes: prefill and decode, and with the contrast model its engine pool."""
+        pools = [(MODEL, "prefill"), (MODEL, "decode")]
+        if self.colocated_router is not None:
+            pools.append((COLOCATED_MODEL, "engine"))
         result = {}
-        for role in ("prefill", "decode"):
-            dep = self.kube.get("deployment", f"{MODEL}-{role}", self.namespace) or {}
+        for model, role in pools:
+            dep = self.kube.get("deployment", f"{model}-{role}", self.namespace) or {}
             result[role] = int(dep.get("spec", {}).get("replicas", 0))
         return result
 
-    def model(self) -> dict[str, Any]:
-        return self.kube.get("dm", MODEL, self.namespace) or {}
+    def model(self, name: str = MODEL) -> dict[str, Any]:
+        return self.kube.get("dm", name, self.namespace) or {}
 
     def condition(self, type_: str) -> dict[str, Any]:
         for cond in self.model().get("status", {}).get("conditions", []):
@@ -92,9 +117,26 @@ class Stack:
         return {}
 
 
+def _local_router(kube: Kube, namespace: str, model: str, *selection: str) -> Proc:
+    """``disagg router`` on a loopback address of its own, discovering the model's pods."""
+    host = f"127.45.{free_port() % 250}.1"
+    return start(
+        f"autoscale-router-{namespace}-{model}",
+        "router", "--host", host, "--port", "8000", "--discover",
+        "--kubeconfig", str(kube.layout.kubeconfig), "--namespace", namespace,
+        "--served-model-name", model, *selection,
+        url=f"http://{host}:8000",
+        ready_path="/health",
+    )  # fmt: skip
+
+
 @contextmanager
-def stack(kube: Kube, namespace: str, operator_args: tuple[str, ...] = ()) -> Iterator[Stack]:
-    """Everything of the closed loop for one namespace; torn down whatever happens."""
+def stack(
+    kube: Kube, namespace: str, operator_args: tuple[str, ...] = (), contrast: bool = False
+) -> Iterator[Stack]:
+    """Everything of the closed loop for one namespace; torn down whatever happens. With
+    ``contrast`` a colocated model of the same engines runs beside it, with a router of its
+    own."""
     port, sd_port = free_port(), free_port()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     cleanup: list[Any] = []
@@ -134,45 +176,33 @@ def stack(kube: Kube, namespace: str, operator_args: tuple[str, ...] = ()) -> It
         )
         the_stack = Stack(kube, namespace, prom_url, prom, emulator, None, operator)
         cleanup.append(lambda: the_stack.operator.stop())
-        kube.apply(yaml.safe_dump(model_manifest(prom_url)), namespace)
-        kube.run(
-            "wait",
-            "--for=condition=Ready",
-            f"dm/{MODEL}",
-            "-n",
-            namespace,
-            "--timeout=60s",
-            timeout=90,
-        )
-        host = f"127.45.{free_port() % 250}.1"
-        the_stack.router = start(
-            f"autoscale-router-{namespace}",
-            "router",
-            "--host",
-            host,
-            "--port",
-            "8000",
-            "--discover",
-            "--kubeconfig",
-            str(kube.layout.kubeconfig),
-            "--namespace",
-            namespace,
-            "--served-model-name",
-            MODEL,
-            "--pd-threshold",
-            "256",
-            "--prefill-selector",
-            f"disagg.dev/model={MODEL},disagg.dev/role=prefill",
-            "--decode-selector",
-            f"disagg.dev/model={MODEL},disagg.dev/role=decode",
-            url=f"http://{host}:8000",
-            ready_path="/health",
-        )
+        models = [(MODEL, model_manifest(prom_url))]
+        if contrast:
+            models.append((COLOCATED_MODEL, colocated_manifest(prom_url)))
+        for _, manifest in models:
+            kube.apply(yaml.safe_dump(manifest), namespace)
+        for name, _ in models:
+            kube.run(
+                "wait", "--for=condition=Ready", f"dm/{name}", "-n", namespace,
+                "--timeout=60s", timeout=90,
+            )  # fmt: skip
+        the_stack.router = _local_router(
+            kube, namespace, MODEL, "--pd-threshold", "256",
+            "--prefill-selector", f"disagg.dev/model={MODEL},disagg.dev/role=prefill",
+            "--decode-selector", f"disagg.dev/model={MODEL},disagg.dev/role=decode",
+        )  # fmt: skip
         cleanup.append(the_stack.router.stop)
+        if contrast:
+            the_stack.colocated_router = _local_router(
+                kube, namespace, COLOCATED_MODEL, "--colocated",
+                "--decode-selector", f"disagg.dev/model={COLOCATED_MODEL},disagg.dev/role=engine",
+            )  # fmt: skip
+            cleanup.append(the_stack.colocated_router.stop)
+        engines = 4 if contrast else 2
         try:
             wait_for(
                 "engine metrics in Prometheus",
-                lambda: _pods_scraped(prom_url, namespace) >= 2,
+                lambda: _pods_scraped(prom_url, namespace) >= engines,
                 timeout=60,
             )
         except AssertionError as error:
@@ -240,9 +270,10 @@ async def _one(
     prompt_tokens: int,
     max_tokens: int,
     report: LoadReport,
+    model: str = MODEL,
 ) -> None:
     body = {
-        "model": MODEL,
+        "model": model,
         "prompt": long_prompt(prompt_tokens),
         "max_tokens": max_tokens,
         "stream": True,
@@ -280,7 +311,12 @@ async def _one(
 
 
 async def drive(
-    url: str, rate: float, seconds: float, prompt_tokens: int, max_tokens: int
+    url: str,
+    rate: float,
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    model: str = MODEL,
 ) -> LoadReport:
     """Open-loop load: ``rate`` requests per wall second for ``seconds``, then wait for all."""
     report = LoadReport()
@@ -292,7 +328,9 @@ async def drive(
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < seconds:
-            tasks.append(asyncio.create_task(_one(session, url, prompt_tokens, max_tokens, report)))
+            tasks.append(
+                asyncio.create_task(_one(session, url, prompt_tokens, max_tokens, report, model))
+            )
             n += 1
             await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
         await asyncio.gather(*tasks)
