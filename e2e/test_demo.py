@@ -1,4 +1,6 @@
-"""`make demo` in its non-interactive mode, with the short story, asserted on its summary."""
+"""`make demo` in its non-interactive mode, with the short story, asserted on its summary:
+each pool scales on its own SLO, and beside the split a colocated model of the same engines
+shows the interference the split removes (and `disagg diagnose` says so)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,15 @@ def test_demo_shows_each_pool_scaling_up_and_down(kube: Kube, tmp_path: Path) ->
     assert outputs["pools"]["prefill"]["highest"] <= outputs["pools"]["prefill"]["start"], outputs
     assert quiet["pools"]["prefill"]["end"] == 1 and quiet["pools"]["decode"]["end"] == 1, quiet
     assert summary["failed_requests"] == 0
+    # The contrast: the same wave over the same chat, on a colocated model of the same engines.
+    contrast = summary["contrast"]
+    assert contrast["colocated"]["wave_over_chat"] >= 3, contrast
+    assert contrast["disaggregated"]["wave_over_chat"] <= 1.2, contrast
+    assert summary["colocated"]["failed_requests"] == 0
+    diagnoses = summary["diagnoses"]
+    assert diagnoses["llama-colocated"]["verdict"] == "interference", diagnoses
+    assert diagnoses["llama"]["verdict"] == "healthy", diagnoses
+    assert "disagg diagnose --model llama-colocated: interference" in result.stdout
     assert summary["scaling_actions"] >= 4 and summary["gpu_minutes"] > 0
     png = out / "timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from disagg.demo.load import LoadReport
 from disagg.demo.report import PhaseResult, Sample, summarize, table
-from disagg.demo.stack import LoadReport
 from disagg.demo.story import STORIES, Phase
 
 PROMPTS = Phase("long-prompts", "long prompts", 3, 30, 12_000, 8, "prefill scales up")
@@ -58,37 +58,42 @@ def _with_engine(t: float, engines: int) -> Sample:
 
 
 def test_the_colocated_contrast_is_reported_beside_the_split() -> None:
-    def load(*tpots: float) -> LoadReport:
-        return LoadReport(sent=len(tpots), ok=len(tpots), ttfts=[0.3] * len(tpots), tpots=[*tpots])
+    def load(*gaps: float) -> LoadReport:
+        # One request per two gaps: its mean time per token averages a stall away.
+        tpots = [sum(gaps[i : i + 2]) / 2 for i in range(0, len(gaps), 2)]
+        return LoadReport(len(tpots), len(tpots), 0, [0.3] * len(tpots), tpots, list(gaps))
 
+    def phase(
+        story: Phase,
+        start: float,
+        engines: tuple[int, int],
+        itl: tuple[float, float],
+        split: LoadReport,
+        colocated: LoadReport,
+    ) -> PhaseResult:
+        samples = [_with_engine(start, engines[0]), _with_engine(start + 30, engines[1])]
+        result = PhaseResult(story, start, start + 30, split, samples, colocated)
+        result.engine_itl_p99, result.colocated_engine_itl_p99 = itl
+        return result
+
+    stalled = load(*[0.011, 0.078] * 3, *[0.011] * 94)
     results = [
-        PhaseResult(
-            CHAT,
-            0,
-            30,
-            load(0.010, 0.012),
-            [_with_engine(0, 2), _with_engine(30, 2)],
-            colocated_load=load(0.011, 0.013),
-        ),
-        PhaseResult(
-            PROMPTS,
-            30,
-            60,
-            load(0.011, 0.013),
-            [_with_engine(30, 2), _with_engine(60, 4)],
-            colocated_load=load(0.030, 0.078),
-        ),
-    ]
+        phase(CHAT, 0, (2, 2), (0.010, 0.011), load(*[0.010] * 100), load(*[0.011] * 100)),
+        phase(PROMPTS, 30, (2, 4), (0.011, 0.078), load(*[0.011] * 100), stalled),
+    ]  # fmt: skip
     summary = summarize(results, 1.0, 0.04, gpus={"prefill": 1, "decode": 1, "engine": 1})
     contrast = summary["contrast"]
-    assert contrast["colocated"]["wave_over_chat"] == 6.0  # 78 ms against 13 ms
-    assert contrast["disaggregated"]["wave_over_chat"] == 1.08  # 13 ms against 12 ms
-    wave = summary["phases"][1]
-    assert wave["pools"]["engine"] == {"start": 2, "highest": 4, "lowest": 2, "end": 4}
-    assert wave["colocated"]["tpot_attainment"] == 0.5
+    assert contrast["colocated"]["wave_over_chat"] == 7.09  # 78 ms against 11 ms
+    assert contrast["disaggregated"]["wave_over_chat"] == 1.1  # 11 ms against 10 ms
+    wave = summary["phases"][1]["colocated"]
+    assert wave["client_itl_p99_seconds"] == 0.078  # the client saw the same stalls
+    assert wave["tpot_p99_seconds"] < 0.078  # a request's mean time per token hides them
+    assert summary["phases"][1]["pools"]["engine"] == {
+        "start": 2, "highest": 4, "lowest": 2, "end": 4,
+    }  # fmt: skip
     # The engine pool's moves are the contrast model's, not the split's scaling actions.
     assert summary["scaling_actions"] == 0
     assert summary["colocated"]["gpu_minutes"] == round((30 * 2 + 30 * 2) / 60, 2)
     text = table(summary)
-    assert "colocated model of the same engines" in text and "(6x)" in text
-    assert "2->4->4" in text
+    assert "colocated model of the same engines" in text and "(7.09x)" in text
+    assert "2->4->4" in text and "78ms" in text

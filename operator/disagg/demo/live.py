@@ -7,8 +7,9 @@ import logging
 import threading
 import time
 
+from disagg.demo.load import MODEL
 from disagg.demo.report import Sample
-from disagg.demo.stack import COLOCATED_MODEL, MODEL, Stack
+from disagg.demo.stack import COLOCATED_MODEL, Stack
 from disagg.demo.story import Phase
 
 

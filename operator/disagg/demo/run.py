@@ -28,17 +28,10 @@ import yaml
 from disagg.api.base import parse_duration
 from disagg.api.crd import build_crd
 from disagg.demo.live import Recorder, watch
+from disagg.demo.load import MODEL, LoadReport, drive
 from disagg.demo.procs import Kube, wait_for
 from disagg.demo.report import PhaseResult, summarize, table, write
-from disagg.demo.stack import (
-    COLOCATED_MODEL,
-    MODEL,
-    LoadReport,
-    Stack,
-    drive,
-    model_manifest,
-    stack,
-)
+from disagg.demo.stack import COLOCATED_MODEL, Stack, model_manifest, stack
 from disagg.demo.story import STORIES, Phase
 from disagg.devcluster.layout import Layout, cache_dir, default_state_dir
 from disagg.devcluster.runner import ClusterError, down, ensure_binaries, repo_root, up
@@ -142,14 +135,24 @@ MINIMUM = {"prefill": 1, "decode": 1, "engine": 2}
 """Each pool's autoscaling minimum: the split's 1P+1D and the colocated model's 2 engines."""
 
 
-async def _both(loop: Stack, phase: Phase) -> tuple[LoadReport, LoadReport]:
-    """The phase's traffic to the split and, at the same time, the same to the colocated model."""
+async def _both(loop: Stack, phase: Phase, chat: Phase) -> tuple[LoadReport, LoadReport]:
+    """The phase's traffic to the split and, at the same time, the same to the colocated
+    model; with ``over_chat``, ``chat``'s traffic goes on underneath for as long."""
     assert loop.router is not None and loop.colocated_router is not None
-    shape = (phase.rate, phase.seconds, phase.prompt_tokens, phase.max_tokens)
-    split, colocated = await asyncio.gather(
-        drive(loop.router.url, *shape),
-        drive(loop.colocated_router.url, *shape, model=COLOCATED_MODEL),
+    targets = ((loop.router.url, MODEL), (loop.colocated_router.url, COLOCATED_MODEL))
+    streams = [(phase.rate, phase.prompt_tokens, phase.max_tokens)]
+    if phase.over_chat:
+        streams.append((chat.rate, chat.prompt_tokens, chat.max_tokens))
+    reports = await asyncio.gather(
+        *(
+            drive(url, rate, phase.seconds, prompt, out, model=model)
+            for url, model in targets
+            for rate, prompt, out in streams
+        )
     )
+    split, colocated = LoadReport(), LoadReport()
+    for i, report in enumerate(reports):
+        (split if i < len(streams) else colocated).add(report)
     return split, colocated
 
 
@@ -188,19 +191,22 @@ def _play(loop: Stack, story: tuple[Phase, ...], interactive: bool) -> list[Phas
             _say(f"phase '{phase.title}': {phase.expect}")
             report = colocated = None
             if phase.rate:
-                report, colocated = asyncio.run(_both(loop, phase))
+                report, colocated = asyncio.run(_both(loop, phase, story[0]))
             else:
                 deadline = time.monotonic() + phase.seconds
                 while time.monotonic() < deadline and loop.replicas() != MINIMUM:
                     time.sleep(1)
                 time.sleep(3)
+            ended = time.monotonic()
+            itl = {}
+            if phase.rate:
+                itl = {m: loop.engine_itl_p99(m, ended - started) for m in (MODEL, COLOCATED_MODEL)}
             done.set()
             viewer.join(timeout=5)
-            results.append(
-                PhaseResult(
-                    phase, started, time.monotonic(), report, recorder.samples[first:], colocated
-                )
-            )
+            result = PhaseResult(phase, started, ended, report, recorder.samples[first:], colocated)
+            result.engine_itl_p99 = itl.get(MODEL)
+            result.colocated_engine_itl_p99 = itl.get(COLOCATED_MODEL)
+            results.append(result)
     finally:
         recorder.stop()
     return results

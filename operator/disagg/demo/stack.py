@@ -8,8 +8,6 @@ the pod's IP), the router discovering pools by watching Pods, and a load generat
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import subprocess
 import sys
@@ -17,21 +15,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import httpx
 import yaml
 
-from disagg.demo.procs import LOG_DIR, Kube, Operator, Proc, long_prompt, start, wait_for
+from disagg.demo.load import MODEL
+from disagg.demo.procs import LOG_DIR, Kube, Operator, Proc, start, wait_for
 from disagg.devcluster import prometheus
 from disagg.devcluster.layout import free_port
 
 log = logging.getLogger("disagg.demo")
 TIME_SCALE = 1.0
 """Real time: at 10x, event-loop jitter on two shared cores becomes 10x larger simulated latency."""
-MODEL = "llama"
 COLOCATED_MODEL = "llama-colocated"
 """The demo's contrast: the same engines, prefilling and decoding on the same GPUs."""
 
@@ -108,6 +105,30 @@ class Stack:
 
     def model(self, name: str = MODEL) -> dict[str, Any]:
         return self.kube.get("dm", name, self.namespace) or {}
+
+    def engine_itl_p99(self, model: str, seconds: float) -> float | None:
+        """A model's inter-token latency p99 over the last ``seconds``, from its engines' own
+        millisecond histogram (``disagg_sim_inter_token_seconds``), once Prometheus has
+        scraped past now; None without data."""
+        since = time.time()
+        wait_for(
+            "Prometheus to scrape past the phase",
+            lambda: _latest_scrape(self.prom_url, self.namespace) > since,
+            timeout=30,
+        )
+        selector = f'namespace="{self.namespace}",disagg_model="{model}"'
+        query = (
+            "histogram_quantile(0.99, sum by (le) (increase("
+            f"disagg_sim_inter_token_seconds_bucket{{{selector}}}[{max(1, round(seconds))}s])))"
+        )
+        try:
+            result = httpx.get(
+                self.prom_url + "/api/v1/query", params={"query": query}, timeout=5
+            ).json()["data"]["result"]
+            value = float(result[0]["value"][1]) if result else float("nan")
+        except (httpx.HTTPError, KeyError, ValueError, IndexError):
+            return None
+        return None if value != value else value  # NaN: no gaps in the window
 
     def condition(self, type_: str) -> dict[str, Any]:
         for cond in self.model().get("status", {}).get("conditions", []):
@@ -234,6 +255,19 @@ def _up(url: str) -> bool:
         return False
 
 
+def _latest_scrape(prom_url: str, namespace: str) -> float:
+    """The newest sample time of the namespace's engine targets (0 when unknown)."""
+    try:
+        result = httpx.get(
+            prom_url + "/api/v1/query",
+            timeout=2,
+            params={"query": f'min(timestamp(up{{namespace="{namespace}"}}))'},
+        ).json()
+        return float(result["data"]["result"][0]["value"][1]) if result["data"]["result"] else 0.0
+    except (httpx.HTTPError, KeyError, ValueError, IndexError):
+        return 0.0
+
+
 def _pods_scraped(prom_url: str, namespace: str) -> int:
     try:
         result = httpx.get(
@@ -246,95 +280,6 @@ def _pods_scraped(prom_url: str, namespace: str) -> int:
         )
     except (httpx.HTTPError, KeyError, ValueError, IndexError):
         return 0
-
-
-@dataclass
-class LoadReport:
-    sent: int = 0
-    ok: int = 0
-    failed: int = 0
-    ttfts: list[float] = field(default_factory=list)
-    tpots: list[float] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def attainment(self, ttft_slo: float, tpot_slo: float) -> tuple[float, float]:
-        """Fractions meeting the (wall-time, scaled) TTFT and TPOT SLOs."""
-        ttft = sum(t <= ttft_slo for t in self.ttfts) / max(1, len(self.ttfts))
-        tpot = sum(t <= tpot_slo for t in self.tpots) / max(1, len(self.tpots))
-        return ttft, tpot
-
-
-async def _one(
-    session: aiohttp.ClientSession,
-    url: str,
-    prompt_tokens: int,
-    max_tokens: int,
-    report: LoadReport,
-    model: str = MODEL,
-) -> None:
-    body = {
-        "model": model,
-        "prompt": long_prompt(prompt_tokens),
-        "max_tokens": max_tokens,
-        "stream": True,
-    }
-    started = time.monotonic()
-    first = last = None
-    count = 0
-    report.sent += 1
-    try:
-        async with session.post(url + "/v1/completions", json=body) as response:
-            if response.status != 200:
-                report.failed += 1
-                report.errors.append(f"HTTP {response.status}: {(await response.text())[:200]}")
-                return
-            async for line in response.content:
-                if not line.startswith(b"data: {"):
-                    continue
-                if b'"error"' in line:
-                    report.failed += 1
-                    report.errors.append(json.loads(line[6:])["error"]["message"][:200])
-                    return
-                now = time.monotonic()
-                first = first or now
-                last = now
-                count += 1
-    except (aiohttp.ClientError, TimeoutError) as error:
-        report.failed += 1
-        report.errors.append(repr(error)[:200])
-        return
-    report.ok += 1
-    if first is not None and last is not None:
-        report.ttfts.append(first - started)
-        if count > 1:
-            report.tpots.append((last - first) / (count - 1))
-
-
-async def drive(
-    url: str,
-    rate: float,
-    seconds: float,
-    prompt_tokens: int,
-    max_tokens: int,
-    model: str = MODEL,
-) -> LoadReport:
-    """Open-loop load: ``rate`` requests per wall second for ``seconds``, then wait for all."""
-    report = LoadReport()
-    timeout = aiohttp.ClientTimeout(total=300)
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=timeout
-    ) as session:
-        tasks = []
-        started = time.monotonic()
-        n = 0
-        while time.monotonic() - started < seconds:
-            tasks.append(
-                asyncio.create_task(_one(session, url, prompt_tokens, max_tokens, report, model))
-            )
-            n += 1
-            await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
-        await asyncio.gather(*tasks)
-    return report
 
 
 class ReplicaRecorder:

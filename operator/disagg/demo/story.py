@@ -1,7 +1,8 @@
 """The demo's traffic story, phase by phase (pure data).
 
-Steady chat, then a wave of long prompts (TTFT rises, prefill scales up, decode's TPOT stays
-flat), then long generations (decode scales up), then quiet (both scale down).
+Steady chat, then a wave of long prompts over that chat (TTFT rises, prefill scales up,
+decode's TPOT stays flat, while a colocated model's TPOT jumps), then long generations (decode
+scales up), then quiet (both scale down).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Phase:
     max_tokens: int
     expect: str
     """What the user should see happen."""
+    over_chat: bool = False
+    """Steady chat goes on underneath (the first phase's traffic), as it would in a service."""
 
 
 STORIES: Final[dict[str, tuple[Phase, ...]]] = {
@@ -30,12 +33,13 @@ STORIES: Final[dict[str, tuple[Phase, ...]]] = {
         Phase("chat", "steady chat", 2, 40, 600, 48, "both pools hold at one replica"),
         Phase(
             "long-prompts",
-            "a wave of 12k-token prompts",
+            "a wave of 12k-token prompts over the chat",
             3,
             45,
             12_000,
             8,
-            "TTFT rises, prefill scales up, decode's TPOT stays flat",
+            "TTFT rises, prefill scales up, decode's TPOT stays flat; colocated TPOT jumps",
+            over_chat=True,
         ),
         Phase(
             "long-outputs", "long generations", 3, 40, 100, 400, "decode scales up, prefill stays"
@@ -46,12 +50,13 @@ STORIES: Final[dict[str, tuple[Phase, ...]]] = {
         Phase("chat", "steady chat", 2, 10, 600, 24, "both pools hold at one replica"),
         Phase(
             "long-prompts",
-            "a wave of 12k-token prompts",
+            "a wave of 12k-token prompts over the chat",
             3,
             35,
             12_000,
             8,
-            "TTFT rises, prefill scales up, decode's TPOT stays flat",
+            "TTFT rises, prefill scales up, decode's TPOT stays flat; colocated TPOT jumps",
+            over_chat=True,
         ),
         Phase(
             "long-outputs", "long generations", 3, 35, 100, 400, "decode scales up, prefill stays"

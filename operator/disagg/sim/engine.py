@@ -321,7 +321,9 @@ class Engine:
         iteration, so an aborted request's tokens count too)."""
         m, labels = self.metrics, self.metrics.labels
         if timing.tokens:
-            m.itl.labels(**labels).observe(self.seconds(emitted - timing.tokens[-1]))
+            gap = self.seconds(emitted - timing.tokens[-1])
+            m.itl.labels(**labels).observe(gap)
+            m.fine_itl.labels(**labels).observe(gap)
         else:
             m.ttft.labels(**labels).observe(self.seconds(emitted - timing.arrival))
         timing.tokens.append(emitted)
