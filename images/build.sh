@@ -48,6 +48,22 @@ entrypoint_of() {
   esac
 }
 
+# A Debian root as a tar: the Essential set, Python, pip and CA certificates, without docs,
+# man pages, locales or apt's caches; the extra arguments are mmdebstrap hooks that run first.
+debian_root() {
+  local dir="$1" out="$2"
+  shift 2
+  mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' "$@" \
+    --customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
+    --format=tar "$suite" "$out" "$mirror" >"$dir/mmdebstrap.log" 2>&1 || {
+    echo "images: mmdebstrap failed; the last lines of $dir/mmdebstrap.log:" >&2
+    tail -n 20 "$dir/mmdebstrap.log" >&2
+    exit 1
+  }
+}
+
 build() {
   local image="$1" key dir work entry cmd
   entry="$(entrypoint_of "$image")"
@@ -77,20 +93,13 @@ build() {
   # A Debian base with only the Essential set, Python and CA certificates; docs and man pages
   # left out. pip runs inside the new root (Debian's pip installs into /usr/local), so the
   # console scripts point at its python3.
-  mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
+  debian_root "$dir" "$work/rootfs.tar" \
     --customize-hook='mkdir -p "$1/tmp/wheels"' --customize-hook="sync-in '$work/wheels' /tmp/wheels" \
     --customize-hook='chroot "$1" sh -c "python3 -m pip install --quiet --no-index --no-deps --no-cache-dir --break-system-packages /tmp/wheels/*.whl"' \
     --customize-hook='chroot "$1" python3 -m pip uninstall --quiet --yes --break-system-packages pip' \
-    --customize-hook='rm -rf "$1/tmp/wheels" "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
+    --customize-hook='rm -rf "$1/tmp/wheels"' \
     --customize-hook="chroot \"\$1\" dpkg-query -W -f='\${Package} \${Version}\n' > '$dir/packages-debian.txt'" \
-    --customize-hook="ls \"\$1/usr/local/lib\"/python3*/dist-packages | sed -n 's/^\(.*\)-\([^-]*\)\.dist-info\$/\1 \2/p' > '$dir/packages-python.txt'" \
-    --format=tar "$suite" "$work/rootfs.tar" "$mirror" >"$dir/mmdebstrap.log" 2>&1 || {
-    echo "images: mmdebstrap failed; the last lines of $dir/mmdebstrap.log:" >&2
-    tail -n 20 "$dir/mmdebstrap.log" >&2
-    exit 1
-  }
+    --customize-hook="ls \"\$1/usr/local/lib\"/python3*/dist-packages | sed -n 's/^\(.*\)-\([^-]*\)\.dist-info\$/\1 \2/p' > '$dir/packages-python.txt'"
   local tag="localhost/disagg-$image:$version-$key"
   podman import --quiet \
     --change 'USER 65532:65532' --change 'WORKDIR /tmp' \
@@ -137,17 +146,9 @@ build_engine_standin() {
   # upstream images are not PEP 668 "externally managed"), and a trust store that reaches the
   # package index from this machine (its egress re-signs TLS), since pip fetches the
   # launcher's build backend.
-  mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
-    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
+  debian_root "$dir" "$work/rootfs.tar" \
     --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
-    --customize-hook='upload /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt' \
-    --customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
-    --format=tar "$suite" "$work/rootfs.tar" "$mirror" >"$dir/mmdebstrap.log" 2>&1 || {
-    echo "images: mmdebstrap failed; the last lines of $dir/mmdebstrap.log:" >&2
-    tail -n 20 "$dir/mmdebstrap.log" >&2
-    exit 1
-  }
+    --customize-hook='upload /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt'
   podman import --quiet --change 'CMD ["python3"]' "$work/rootfs.tar" "$base" >/dev/null
   echo "$base" >"$dir/tag-base"
   for target in vllm sglang; do

@@ -13,17 +13,6 @@ from test_reconcile_pass import NAME, NS, World, autoscaled
 Obj = dict[str, Any]
 
 
-def _ready(world: World, *roles: str) -> None:
-    """The Deployment controller and kubelets bring every replica of ``roles`` up."""
-    for role in roles:
-        dep = world.deployment(role)
-        n = dep["spec"].get("replicas", 1)
-        world.kube.set_status("Deployment", NS, dep["metadata"]["name"], {
-            "observedGeneration": dep["metadata"]["generation"], "replicas": n,
-            "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n,
-        })  # fmt: skip
-
-
 def _deployments(world: World) -> set[str]:
     return {o["metadata"]["name"] for o in world.kube.objects.values() if o["kind"] == "Deployment"}
 
@@ -38,7 +27,7 @@ def _router_args(world: World) -> list[str]:
 async def test_a_switch_to_colocated_keeps_prefill_and_decode_until_traffic_has_moved() -> None:
     world = World(load_example("minimal"))
     await world.reconcile()
-    _ready(world, "prefill", "decode", "router")
+    world.pools_ready("prefill", "decode", "router")
     await world.reconcile()
     world.edit({"mode": "colocated"})
 
@@ -53,13 +42,13 @@ async def test_a_switch_to_colocated_keeps_prefill_and_decode_until_traffic_has_
     assert ready["status"] == "True", ready  # the old pools serve meanwhile
     assert world.model()["status"]["engine"]["summary"] == "0/1"
 
-    _ready(world, "engine")
+    world.pools_ready("engine")
     await world.reconcile()
     assert "--colocated" in _router_args(world)  # the router rolls over to the engine pool
     assert _deployments(world) == pools
     assert "the router moves traffic to engine" in world.condition("Progressing")["message"]
 
-    _ready(world, "router")  # every router pod runs the new template
+    world.pools_ready("router")  # every router pod runs the new template
     await world.reconcile()
     assert _deployments(world) == {f"{NAME}-engine", f"{NAME}-router"}
     deleted = world.events("Deleted")
@@ -77,12 +66,12 @@ async def test_a_switch_to_colocated_keeps_prefill_and_decode_until_traffic_has_
 async def test_a_router_pod_still_draining_holds_the_old_pools() -> None:
     world = World(load_example("minimal"))
     await world.reconcile()
-    _ready(world, "prefill", "decode", "router")
+    world.pools_ready("prefill", "decode", "router")
     world.edit({"mode": "colocated"})
     await world.reconcile()
-    _ready(world, "engine")
+    world.pools_ready("engine")
     await world.reconcile()
-    _ready(world, "router")
+    world.pools_ready("router")
     draining = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -103,7 +92,7 @@ async def test_the_colocated_engine_pool_scales_up_on_its_ttft_alone() -> None:
     manifest["spec"]["mode"] = "colocated"
     world = World(manifest)
     await world.reconcile()
-    _ready(world, "engine", "router")
+    world.pools_ready("engine", "router")
     # TPOT is fine; prompts wait: the prefill phase asks for more engines.
     world.prometheus.prefill = Signals(p99=6.0, request_rate=20.0, queue=40.0, running=8.0,
                                        pods_reporting=1)  # fmt: skip

@@ -98,9 +98,10 @@ class World:
         assert obj is not None
         return obj
 
-    def pools_ready(self) -> None:
-        """The Deployment controller and kubelets bring every replica up."""
-        for role in ("prefill", "decode", "router"):
+    def pools_ready(self, *roles: str) -> None:
+        """The Deployment controller and kubelets bring every replica of ``roles`` (default:
+        prefill, decode and router) up."""
+        for role in roles or ("prefill", "decode", "router"):
             dep = self.deployment(role)
             n = dep["spec"].get("replicas", 1)
             self.kube.set_status("Deployment", NS, dep["metadata"]["name"], {

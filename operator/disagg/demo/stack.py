@@ -121,14 +121,7 @@ class Stack:
             "histogram_quantile(0.99, sum by (le) (increase("
             f"disagg_sim_inter_token_seconds_bucket{{{selector}}}[{max(1, round(seconds))}s])))"
         )
-        try:
-            result = httpx.get(
-                self.prom_url + "/api/v1/query", params={"query": query}, timeout=5
-            ).json()["data"]["result"]
-            value = float(result[0]["value"][1]) if result else float("nan")
-        except (httpx.HTTPError, KeyError, ValueError, IndexError):
-            return None
-        return None if value != value else value  # NaN: no gaps in the window
+        return _instant(self.prom_url, query)  # None also when the window holds no gap
 
     def condition(self, type_: str) -> dict[str, Any]:
         for cond in self.model().get("status", {}).get("conditions", []):
@@ -138,9 +131,8 @@ class Stack:
         return {}
 
 
-def _local_router(kube: Kube, namespace: str, model: str, *selection: str) -> Proc:
-    """``disagg router`` on a loopback address of its own, discovering the model's pods."""
-    host = f"127.45.{free_port() % 250}.1"
+def _local_router(kube: Kube, namespace: str, model: str, host: str, *selection: str) -> Proc:
+    """``disagg router`` on loopback address ``host``, discovering the model's pods."""
     return start(
         f"autoscale-router-{namespace}-{model}",
         "router", "--host", host, "--port", "8000", "--discover",
@@ -207,15 +199,18 @@ def stack(
                 "wait", "--for=condition=Ready", f"dm/{name}", "-n", namespace,
                 "--timeout=60s", timeout=90,
             )  # fmt: skip
+        # Two routers, two addresses: a second one bound to the first's would fail, and the
+        # first answering its readiness check would hide that.
+        subnet = f"127.45.{free_port() % 250}"
         the_stack.router = _local_router(
-            kube, namespace, MODEL, "--pd-threshold", "256",
+            kube, namespace, MODEL, f"{subnet}.1", "--pd-threshold", "256",
             "--prefill-selector", f"disagg.dev/model={MODEL},disagg.dev/role=prefill",
             "--decode-selector", f"disagg.dev/model={MODEL},disagg.dev/role=decode",
         )  # fmt: skip
         cleanup.append(the_stack.router.stop)
         if contrast:
             the_stack.colocated_router = _local_router(
-                kube, namespace, COLOCATED_MODEL, "--colocated",
+                kube, namespace, COLOCATED_MODEL, f"{subnet}.2", "--colocated",
                 "--decode-selector", f"disagg.dev/model={COLOCATED_MODEL},disagg.dev/role=engine",
             )  # fmt: skip
             cleanup.append(the_stack.colocated_router.stop)
@@ -255,31 +250,24 @@ def _up(url: str) -> bool:
         return False
 
 
+def _instant(prom_url: str, query: str) -> float | None:
+    """One instant query's single value (None when empty, NaN or unreachable)."""
+    try:
+        answer = httpx.get(prom_url + "/api/v1/query", timeout=5, params={"query": query})
+        result = answer.json()["data"]["result"]
+        value = float(result[0]["value"][1]) if result else float("nan")
+    except (httpx.HTTPError, KeyError, ValueError, IndexError):
+        return None
+    return None if value != value else value
+
+
 def _latest_scrape(prom_url: str, namespace: str) -> float:
     """The newest sample time of the namespace's engine targets (0 when unknown)."""
-    try:
-        result = httpx.get(
-            prom_url + "/api/v1/query",
-            timeout=2,
-            params={"query": f'min(timestamp(up{{namespace="{namespace}"}}))'},
-        ).json()
-        return float(result["data"]["result"][0]["value"][1]) if result["data"]["result"] else 0.0
-    except (httpx.HTTPError, KeyError, ValueError, IndexError):
-        return 0.0
+    return _instant(prom_url, f'min(timestamp(up{{namespace="{namespace}"}}))') or 0.0
 
 
 def _pods_scraped(prom_url: str, namespace: str) -> int:
-    try:
-        result = httpx.get(
-            prom_url + "/api/v1/query",
-            timeout=2,
-            params={"query": f'count(up{{namespace="{namespace}"}} == 1)'},
-        ).json()
-        return (
-            int(float(result["data"]["result"][0]["value"][1])) if result["data"]["result"] else 0
-        )
-    except (httpx.HTTPError, KeyError, ValueError, IndexError):
-        return 0
+    return int(_instant(prom_url, f'count(up{{namespace="{namespace}"}} == 1)') or 0)
 
 
 class ReplicaRecorder:
