@@ -80,6 +80,7 @@ def test_the_facts_are_of_the_pinned_versions() -> None:
 
 
 def test_the_variants_cover_both_engines_and_every_connector() -> None:
+    assert {s.engine.backend for s in VARIANTS if s.mode == "colocated"} == {"vllm", "sglang"}
     combos = {(s.engine.backend, s.engine.kv_connector) for s in VARIANTS}
     assert combos >= {("vllm", "nixl"), ("vllm", "mooncake"), ("vllm", "lmcache")}
     assert combos >= {("sglang", "nixl"), ("sglang", "mooncake")}
@@ -92,7 +93,7 @@ def test_every_rendered_flag_and_choice_is_one_the_pinned_engine_defines(backend
     unknown: set[str] = set()
     refused: set[tuple[str, str]] = set()
     for spec in (s for s in VARIANTS if s.engine.backend == backend):
-        for role in ("prefill", "decode"):
+        for role in spec.roles:  # the colocated example renders its engine pool
             argv = engine_launch(spec, role).argv
             # after `vllm serve MODEL` / `python3 -m sglang.launch_server`
             for flag, value in _options(argv, 3):
@@ -107,8 +108,8 @@ def test_every_rendered_flag_and_choice_is_one_the_pinned_engine_defines(backend
 
 def test_every_kv_transfer_key_and_connector_is_one_vllm_defines() -> None:
     fields = set(VLLM_FACTS["kv_transfer_config_fields"])
-    for spec in (s for s in VARIANTS if s.engine.backend == "vllm"):
-        for role in ("prefill", "decode"):
+    for spec in (s for s in VARIANTS if s.engine.backend == "vllm" and s.mode != "colocated"):
+        for role in spec.roles:
             argv = engine_launch(spec, role).argv
             config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
             assert set(config) <= fields, set(config) - fields

@@ -176,11 +176,11 @@ async def evaluate(
                 now,
             )
         )
-    scoped: dict[ScaledPool, PoolPolicy] = {"prefill": policies["prefill"]}
-    scoped["decode"] = policies["decode"]
+    scoped: dict[ScaledPool, PoolPolicy]
     if _colocated(model):
-        decisions = [colocated(*decisions)]
-        scoped = {"engine": policies["decode"]}
+        decisions, scoped = [colocated(*decisions)], {"engine": policies["decode"]}
+    else:
+        scoped = {"prefill": policies["prefill"], "decode": policies["decode"]}
     budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
     return Evaluation(decisions=tuple(budgeted), signals=signals, at=now)
 
