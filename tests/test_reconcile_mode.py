@@ -107,3 +107,29 @@ async def test_the_colocated_engine_pool_scales_up_on_its_ttft_alone() -> None:
     scaled = world.events("ScaledUp")
     assert len(scaled) == 1 and scaled[0]["message"].startswith(f"engine 1 -> {grown}")
     assert "prefill" not in status and "decode" not in status
+
+
+async def test_an_autoscaled_switch_starts_the_new_pool_with_the_old_pools_gpus() -> None:
+    manifest = autoscaled()
+    manifest["spec"]["decode"] = {"autoscaling": {"minReplicas": 1, "maxReplicas": 8}}
+    world = World(manifest)
+    await world.reconcile()
+    for role, size in (("prefill", 3), ("decode", 2)):
+        await world.kube.patch("Deployment", NS, f"{NAME}-{role}", {"spec": {"replicas": size}})
+    world.pools_ready("prefill", "decode", "router")
+    await world.reconcile()
+    world.edit({"mode": "colocated"})
+    await world.reconcile()
+    # Five one-GPU replicas serve now: the engine pool starts with five, not its minimum.
+    assert world.deployment("engine")["spec"]["replicas"] == 5
+    assert world.deployment("prefill")["spec"]["replicas"] == 3  # kept as it runs
+    world.pools_ready("engine")
+    await world.reconcile()
+    world.pools_ready("router")
+    await world.reconcile()
+    world.edit({"mode": "disaggregated"})
+    await world.reconcile()
+    # Back: the engine pool's five GPUs, shared between the two new pools.
+    assert world.deployment("prefill")["spec"]["replicas"] == 3
+    assert world.deployment("decode")["spec"]["replicas"] == 3
+    assert world.deployment("engine")["spec"]["replicas"] == 5

@@ -8,15 +8,20 @@ rolling update (one surge pod at a time, never below the ready count) moves traf
 Only when every router pod runs the new configuration and none is still draining are the
 old pools deleted, and their pods drain what they hold in their preStop hook. The pass reads
 all of this from what it lists each time, so a restart of the operator mid-switch resumes it.
+
+With the builtin autoscaler the new pools start with the GPUs the old ones run (shared
+evenly between prefill and decode when splitting), within their bounds, so the traffic the
+router moves finds about the capacity it left; the autoscaler sizes them from there.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from disagg.api.spec import Mode, Role
+from disagg.api.spec import DisaggregatedModelSpec, Mode, Role
 
 Obj = dict[str, Any]
 POOL_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "engine")
@@ -101,3 +106,17 @@ def plan_switch(
                 f"{old} are removed once it has",
             )
     return Switch(mode)
+
+
+def starting_sizes(
+    spec: DisaggregatedModelSpec, retiring: tuple[Role, ...], running: Mapping[str, int]
+) -> dict[str, int]:
+    """Replicas for the new mode's pools that do not run yet: the GPUs of the ``retiring``
+    pools' ``running`` replicas, in each new pool's replica size (the pools' bounds and the
+    autoscaler's mode are applied by the renderer)."""
+    gpus = sum(running.get(role, 0) * spec.pool(role).gpus for role in retiring)
+    new = [role for role in spec.roles if role not in running]
+    if not gpus or not new:
+        return {}
+    share = gpus / len(spec.roles)
+    return {role: max(1, math.ceil(share / spec.pool(role).gpus)) for role in new}

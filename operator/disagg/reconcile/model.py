@@ -42,7 +42,7 @@ from disagg.naming import ROLE_LABEL, ComponentRole, child_name, model_selector
 from disagg.reconcile.children import Live, apply_children, list_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
-from disagg.transition import POOL_ROLES, mode_roles, plan_switch
+from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
 
 log = logging.getLogger("disagg.reconcile")
 Obj = dict[str, Any]
@@ -168,9 +168,9 @@ class Reconciler:
             _terminating(pods, "router"),
         )
         evaluation = await self._evaluate(model, body, live, now)
-        ctx = RenderContext(
-            model, replicas=self._replicas(live, evaluation), router_mode=switch.router_mode
-        )
+        replicas = self._replicas(live, evaluation)
+        replicas = {**starting_sizes(model.spec, switch.retiring, replicas), **replicas}
+        ctx = RenderContext(model, replicas=replicas, router_mode=switch.router_mode)
         desired = render_all(ctx)
         try:
             applied = await apply_children(self.client, desired, live, self.recorder, body)
