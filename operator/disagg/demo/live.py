@@ -8,7 +8,7 @@ import threading
 import time
 
 from disagg.demo.load import MODEL
-from disagg.demo.report import Sample
+from disagg.demo.report import Sample, show_millis, show_seconds
 from disagg.demo.stack import COLOCATED_MODEL, Stack
 from disagg.demo.story import Phase
 
@@ -79,27 +79,19 @@ def line(recorder: Recorder, phase: Phase, rate: float) -> str:
     s = recorder.samples[-1] if recorder.samples else None
     if s is None:
         return f"[{phase.name}] starting"
-    ttft = "-" if s.ttft_p99 is None else f"{s.ttft_p99:.2f}s"
-    tpot = "-" if s.tpot_p99 is None else f"{s.tpot_p99 * 1000:.0f}ms"
+    ttft, tpot = show_seconds(s.ttft_p99), show_millis(s.tpot_p99)
     colocated = ""
     if "engine" in s.replicas:
         colocated = (
             f"  | colocated engine {s.ready.get('engine', 0)}/{s.replicas['engine']} "
-            f"TTFT p99 {_secs(s.colocated_ttft_p99)} TPOT p99 {_millis(s.colocated_tpot_p99)}"
+            f"TTFT p99 {show_seconds(s.colocated_ttft_p99)} "
+            f"TPOT p99 {show_millis(s.colocated_tpot_p99)}"
         )
     return (
         f"t={s.t:5.0f}s [{phase.name:<12}] prefill {s.ready['prefill']}/{s.replicas['prefill']} "
         f"decode {s.ready['decode']}/{s.replicas['decode']}  TTFT p99 {ttft}  TPOT p99 {tpot}  "
         f"load {rate:g} req/s  last: {s.reason}{colocated}"
     )
-
-
-def _secs(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}s"
-
-
-def _millis(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1000:.0f}ms"
 
 
 def watch(recorder: Recorder, phase: Phase, done: threading.Event, interactive: bool) -> None:
@@ -128,8 +120,8 @@ def watch(recorder: Recorder, phase: Phase, done: threading.Event, interactive: 
                     grid.add_row(
                         "colocated model",
                         f"{s.ready.get('engine', 0)}/{s.replicas['engine']} engines   "
-                        f"TTFT p99 {_secs(s.colocated_ttft_p99)}   "
-                        f"TPOT p99 {_millis(s.colocated_tpot_p99)}",
+                        f"TTFT p99 {show_seconds(s.colocated_ttft_p99)}   "
+                        f"TPOT p99 {show_millis(s.colocated_tpot_p99)}",
                     )
                 grid.add_row("request rate", f"{phase.rate:g} req/s (to each model)")
                 grid.add_row("last decision", s.reason)

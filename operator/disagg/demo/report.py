@@ -157,11 +157,13 @@ def _pool(phase: dict[str, Any], role: str) -> str:
     return f"{x['start']}->{x['highest']}->{x['end']}"
 
 
-def _secs(value: float | None) -> str:
+def show_seconds(value: float | None) -> str:
+    """``1.25s``, or ``-`` when there is no value."""
     return "-" if value is None else f"{value:.2f}s"
 
 
-def _millis(value: float | None) -> str:
+def show_millis(value: float | None) -> str:
+    """``32ms``, or ``-`` when there is no value."""
     return "-" if value is None else f"{value * 1000:.0f}ms"
 
 
@@ -183,8 +185,8 @@ def table(summary: dict[str, Any]) -> str:
     for p in summary["phases"]:
         lines.append(
             f"{p['phase']:<13} {_pool(p, 'prefill'):>14} {_pool(p, 'decode'):>14} "
-            f"{_secs(p['ttft_p99_seconds']):>9} {_millis(p['tpot_p99_seconds']):>9} "
-            f"{_millis(p['itl_p99_seconds']):>8} "
+            f"{show_seconds(p['ttft_p99_seconds']):>9} {show_millis(p['tpot_p99_seconds']):>9} "
+            f"{show_millis(p['itl_p99_seconds']):>8} "
             f"{_pct(p['ttft_attainment']):>8} {_pct(p['tpot_attainment']):>8} "
             f"{p['failed_requests']:>7}"
         )
@@ -201,8 +203,9 @@ def table(summary: dict[str, Any]) -> str:
         for p in summary["phases"]:
             c = p["colocated"]
             lines.append(
-                f"{p['phase']:<13} {_pool(p, 'engine'):>14} {_secs(c['ttft_p99_seconds']):>9} "
-                f"{_millis(c['tpot_p99_seconds']):>9} {_millis(c['itl_p99_seconds']):>8} "
+                f"{p['phase']:<13} {_pool(p, 'engine'):>14} "
+                f"{show_seconds(c['ttft_p99_seconds']):>9} "
+                f"{show_millis(c['tpot_p99_seconds']):>9} {show_millis(c['itl_p99_seconds']):>8} "
                 f"{_pct(c['ttft_attainment']):>8} "
                 f"{_pct(c['tpot_attainment']):>8} {c['failed_requests']:>7}"
             )
@@ -216,8 +219,8 @@ def table(summary: dict[str, Any]) -> str:
             ratio = seen["wave_over_chat"]
             lines.append(
                 f"Inter-token latency p99 in the wave of long prompts, {model}: "
-                f"{_millis(seen['wave_itl_p99_seconds'])} against "
-                f"{_millis(seen['chat_itl_p99_seconds'])} in steady chat"
+                f"{show_millis(seen['wave_itl_p99_seconds'])} against "
+                f"{show_millis(seen['chat_itl_p99_seconds'])} in steady chat"
                 + ("" if ratio is None else f" ({ratio:g}x)")
             )
     return "\n".join(lines)
