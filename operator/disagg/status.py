@@ -97,7 +97,9 @@ def pool_status(
     )
 
 
-def _rolling_out(deployment: Obj | None) -> str | None:
+def rollout_pending(deployment: Obj | None) -> str | None:
+    """What a Deployment's rollout still waits for (None: it runs its template everywhere,
+    ready, with no old replica left)."""
     if deployment is None:
         return "not created yet"
     spec, status = deployment.get("spec", {}), deployment.get("status", {})
@@ -224,7 +226,7 @@ def compute_status(
 
     roles = [*obs.roles, *(["router"] if obs.router_enabled else [])]
     rolling = [
-        f"{role}: {why}" for role in roles if (why := _rolling_out(obs.deployments.get(role)))
+        f"{role}: {why}" for role in roles if (why := rollout_pending(obs.deployments.get(role)))
     ]
     if obs.switching:
         progressing = _condition(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from disagg.api.spec import DisaggregatedModelSpec, Mode, Role
+from disagg.status import rollout_pending
 
 Obj = dict[str, Any]
 POOL_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "engine")
@@ -60,19 +61,6 @@ def router_mode(deployment: Obj) -> Mode:
     return "colocated" if COLOCATED_FLAG in args else "disaggregated"
 
 
-def _router_settled(deployment: Obj) -> bool:
-    """Every router pod runs the Deployment's current template, ready, none left over."""
-    spec, status = deployment.get("spec", {}), deployment.get("status", {})
-    desired = int(spec.get("replicas", 1))
-    generation = int(deployment.get("metadata", {}).get("generation", 0))
-    return (
-        int(status.get("observedGeneration", 0)) >= generation
-        and int(status.get("updatedReplicas", 0)) >= desired
-        and int(status.get("replicas", 0)) == desired
-        and int(status.get("readyReplicas", 0)) >= desired
-    )
-
-
 def plan_switch(
     mode: Mode,
     deployments: Mapping[str, Obj | None],
@@ -97,7 +85,7 @@ def plan_switch(
         )
     router = deployments.get("router")
     if router_enabled and router is not None:
-        moved = router_mode(router) == mode and _router_settled(router)
+        moved = router_mode(router) == mode and rollout_pending(router) is None
         if not moved or router_pods_terminating:
             return Switch(
                 mode,
