@@ -39,7 +39,7 @@ class PhaseResult:
     colocated_load: LoadReport | None = None
     """The same traffic, sent to the colocated contrast model."""
     engine_itl_p99: float | None = None
-    """The split's inter-token latency p99 over the phase, from its engines' own histogram."""
+    """The split's worst 10 s inter-token latency p99 of the phase, from its engines' histogram."""
     colocated_engine_itl_p99: float | None = None
 
 

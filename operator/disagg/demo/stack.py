@@ -107,9 +107,11 @@ class Stack:
         return self.kube.get("dm", name, self.namespace) or {}
 
     def engine_itl_p99(self, model: str, seconds: float) -> float | None:
-        """A model's inter-token latency p99 over the last ``seconds``, from its engines' own
-        millisecond histogram (``disagg_sim_inter_token_seconds``), once Prometheus has
-        scraped past now; None without data."""
+        """A model's worst inter-token latency p99 over any 10 s of the last ``seconds`` (what
+        a dashboard's spike shows: a whole-phase p99 would depend on how soon scaling out
+        dilutes it), from its engines' own millisecond histogram
+        (``disagg_sim_inter_token_seconds``), once Prometheus has scraped past now; None
+        without data."""
         since = time.time()
         wait_for(
             "Prometheus to scrape past the phase",
@@ -118,8 +120,9 @@ class Stack:
         )
         selector = f'namespace="{self.namespace}",disagg_model="{model}"'
         query = (
-            "histogram_quantile(0.99, sum by (le) (increase("
-            f"disagg_sim_inter_token_seconds_bucket{{{selector}}}[{max(1, round(seconds))}s])))"
+            "max_over_time((histogram_quantile(0.99, sum by (le) (rate("
+            f"disagg_sim_inter_token_seconds_bucket{{{selector}}}[10s]))))"
+            f"[{max(10, round(seconds))}s:1s])"
         )
         return _instant(self.prom_url, query)  # None also when the window holds no gap
 
