@@ -9,7 +9,10 @@ It keeps what the orchestration depends on, so the fast suite can test it in mil
 * ``resourceVersion`` on every write, ``generation`` on spec changes, 409 on a stale
   precondition, 404s, label selectors (``k=v`` and ``k``);
 * every write recorded as (kind, verb, manager), failures injectable per (kind, verb);
-* a watch stream fed by the test, for the router's pod watch.
+* a watch stream fed by the test, for the router's pod watch;
+* an apply is answered after a yield to the event loop, so concurrent applies overlap; a
+  RoleBinding is refused while its Role does not exist (the escalation check's answer to a
+  caller without ``bind``).
 
 It does not validate objects (the e2e suite runs the real API server for that).
 """
@@ -100,6 +103,9 @@ class FakeKube:
         self.writes: list[tuple[str, str, str]] = []
         self.failures: dict[tuple[str, str], KubeError] = {}
         self.watchers: list[asyncio.Queue[tuple[str, Obj] | None]] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        """Applies sent and not yet answered (now, and the most there have been at once)."""
         self._versions = itertools.count(1)
 
     # test helpers ------------------------------------------------------------------
@@ -201,6 +207,19 @@ class FakeKube:
         kind, meta = obj["kind"], obj["metadata"]
         key = (kind, meta.get("namespace", ""), meta["name"])
         self._write(kind, "apply", manager)
+        role = ("Role", meta.get("namespace", ""), obj.get("roleRef", {}).get("name", ""))
+        if kind == "RoleBinding" and key not in self.objects and role not in self.objects:
+            # What the escalation check answers a caller without the "bind" verb (the
+            # operator's RBAC) when the Role is not there yet.
+            raise KubeError(
+                404, "NotFound", f'roles.rbac.authorization.k8s.io "{role[2]}" not found'
+            )
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0)  # a request in flight: others may arrive before it is stored
+        finally:
+            self.in_flight -= 1
         applied = {k: v for k, v in copy.deepcopy(obj).items() if k not in ("apiVersion", "kind")}
         applied["metadata"] = {
             k: v for k, v in applied["metadata"].items() if k not in ("name", "namespace")

@@ -147,6 +147,13 @@ async def test_a_new_model_is_created_with_one_event_one_status_write_then_costs
     assert len(world.kube.writes) == writes, world.kube.writes[writes:]
 
 
+async def test_a_new_models_children_are_sent_together_prerequisites_first() -> None:
+    world = World(load_example("minimal"))
+    outcome = await world.reconcile()  # the fake refuses a RoleBinding sent before its Role
+    assert outcome.applied >= 10 and not outcome.invalid
+    assert world.kube.peak_in_flight >= outcome.applied // 2
+
+
 async def test_deployments_reporting_ready_make_the_model_ready_with_one_more_status_write() -> (
     None
 ):

@@ -11,6 +11,7 @@ scaler's writes take it from there.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Final
 
 from disagg.drift import needs_apply, owns_field, stamp
@@ -30,6 +31,10 @@ CHILD_KINDS: Final = (
     "HorizontalPodAutoscaler",
     "ScaledObject",
 )
+AFTER_PREREQUISITES: Final = frozenset(
+    {"RoleBinding", "Deployment", "HorizontalPodAutoscaler", "ScaledObject"}
+)
+"""Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
 OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
 """Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 HANDOVER_MANAGER: Final = "disagg-handover"
@@ -44,17 +49,19 @@ def owned_by(obj: Obj, uid: str) -> bool:
 
 
 async def list_children(client: KubeClient, namespace: str, name: str) -> Live:
-    live: Live = {}
-    for kind in CHILD_KINDS:
+    """Every child of the model, one list per kind, all kinds at once."""
+    selector = model_selector(name)
+
+    async def of_kind(kind: str) -> list[Obj]:
         try:
-            objects = await client.list_objects(kind, namespace, model_selector(name))
+            return await client.list_objects(kind, namespace, selector)
         except KubeError as error:
             if error.status == 404 and kind in OPTIONAL_KINDS:
-                continue
+                return []
             raise
-        for obj in objects:
-            live[(kind, obj["metadata"]["name"])] = obj
-    return live
+
+    listed = await asyncio.gather(*(of_kind(kind) for kind in CHILD_KINDS))
+    return {(obj["kind"], obj["metadata"]["name"]): obj for objects in listed for obj in objects}
 
 
 def only_replicas_differ(obj: Obj, live: Obj | None) -> bool:
@@ -66,19 +73,37 @@ def only_replicas_differ(obj: Obj, live: Obj | None) -> bool:
     return not needs_apply(stamp(at_live_size), live)
 
 
+def apply_waves(desired: list[Obj]) -> list[list[Obj]]:
+    """``desired`` in the order the API server needs, as waves whose children can be applied
+    at once (pure): a RoleBinding is refused while its Role does not exist (the escalation
+    check resolves the roleRef), and a pod is refused while its ServiceAccount does not, so
+    those two go first and everything else with them; the RoleBindings and the workloads
+    after."""
+    later = [obj for obj in desired if obj["kind"] in AFTER_PREREQUISITES]
+    first = [obj for obj in desired if obj["kind"] not in AFTER_PREREQUISITES]
+    return [wave for wave in (first, later) if wave]
+
+
 async def apply_children(
     client: KubeClient, desired: list[Obj], live: Live, recorder: EventRecorder, body: Obj
 ) -> int:
-    """Apply each desired child that differs from what is live; one Event names them all."""
+    """Apply each desired child that differs from what is live, a wave at a time (see
+    :func:`apply_waves`); one Event names them all."""
     done: dict[str, list[str]] = {"created": [], "updated": []}
     try:
-        for obj in desired:
-            verb = await _apply_child(client, obj, live)
-            if verb is not None:
-                done[verb].append(named(obj))
+        for wave in apply_waves(desired):
+            verbs = await asyncio.gather(
+                *(_apply_child(client, obj, live) for obj in wave), return_exceptions=True
+            )
+            for obj, verb in zip(wave, verbs, strict=True):
+                if isinstance(verb, str):
+                    done[verb].append(named(obj))
+            refused = next((v for v in verbs if isinstance(v, BaseException)), None)
+            if refused is not None:
+                raise refused
     finally:
         # One Event per pass, not one per child (a new model is one change to the user), and
-        # it names what was applied even when a later child was refused.
+        # it names what was applied even when another child was refused.
         parts = [f"{verb} {', '.join(names)}" for verb, names in done.items() if names]
         if parts:
             reason = "Created" if done["created"] else "Updated"
