@@ -102,7 +102,10 @@ class FakeKube:
         self.owners: dict[ObjectKey, dict[str, set[Path]]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self.failures: dict[tuple[str, str], KubeError] = {}
-        self.watchers: list[asyncio.Queue[tuple[str, Obj] | None]] = []
+        self.watchers: list[tuple[str, asyncio.Queue[tuple[str, Obj] | None]]] = []
+        """Each open watch: its kind and what the server has sent it and it has not read."""
+        self.lists: list[str] = []
+        """The kind of every list served."""
         self.in_flight = 0
         self.peak_in_flight = 0
         """Applies sent and not yet answered (now, and the most there have been at once)."""
@@ -124,7 +127,7 @@ class FakeKube:
         existed = key in self.objects
         self.objects[key] = stored
         self.owners.setdefault(key, {})
-        self._notify("MODIFIED" if existed else "ADDED", stored)
+        self._notify("MODIFIED" if existed else "ADDED", key)
         return copy.deepcopy(stored)
 
     def stored(self, kind: str, namespace: str, name: str) -> Obj | None:
@@ -135,6 +138,7 @@ class FakeKube:
         obj = self.objects[kind, namespace, name]
         obj["status"] = copy.deepcopy(status)
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self._notify("MODIFIED", (kind, namespace, name))
 
     def writes_of(self, kind: str | None = None) -> list[tuple[str, str, str]]:
         return [w for w in self.writes if kind is None or w[0] == kind]
@@ -150,10 +154,14 @@ class FakeKube:
             raise failure
         self.writes.append((kind, verb, manager))
 
-    def _notify(self, kind: str, obj: Obj) -> None:
-        if obj.get("kind") == "Pod":
-            for queue in self.watchers:
-                queue.put_nowait((kind, copy.deepcopy(obj)))
+    def _notify(self, event: str, key: ObjectKey, gone: Obj | None = None) -> None:
+        for kind, queue in self.watchers:
+            if kind == key[0]:
+                queue.put_nowait((event, copy.deepcopy(gone) if gone else self._view(key)))
+
+    async def delivered(self) -> None:
+        """Wait until every open watch has read (and acted on) every event sent to it."""
+        await asyncio.gather(*(queue.join() for _, queue in self.watchers))
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
         obj = self.objects.get((kind, namespace or "", name))
@@ -172,6 +180,7 @@ class FakeKube:
     async def list_objects(
         self, kind: str, namespace: str | None, selector: str | None = None
     ) -> list[Obj]:
+        self.lists.append(kind)
         return [
             self._view(key)
             for key, obj in sorted(self.objects.items())
@@ -183,24 +192,42 @@ class FakeKube:
     async def list_with_version(
         self, kind: str, namespace: str | None, selector: str | None = None
     ) -> tuple[list[Obj], str]:
+        failure = self.failures.pop((kind, "list"), None)
+        if failure is not None:
+            raise failure
         return await self.list_objects(kind, namespace, selector), str(next(self._versions))
+
+    def send(self, kind: str, event: str, obj: Obj) -> None:
+        """A watch event of the server's own making (an ERROR, a late or stale one)."""
+        for watched, queue in self.watchers:
+            if watched == kind:
+                queue.put_nowait((event, copy.deepcopy(obj)))
 
     async def watch(
         self, kind: str, namespace: str | None, selector: str | None, resource_version: str,
         timeout_seconds: int = 300,
     ) -> AsyncIterator[tuple[str, Obj]]:  # fmt: skip
         queue: asyncio.Queue[tuple[str, Obj] | None] = asyncio.Queue()
-        self.watchers.append(queue)
+        watcher = (kind, queue)
+        self.watchers.append(watcher)
         try:
             while (event := await queue.get()) is not None:
-                if matches(event[1]["metadata"].get("labels", {}), selector):
-                    yield event
+                try:
+                    meta = event[1].get("metadata", {})
+                    in_scope = namespace is None or meta.get("namespace") == namespace
+                    if event[0] == "ERROR" or (
+                        in_scope and matches(meta.get("labels", {}), selector)
+                    ):
+                        yield event
+                finally:
+                    queue.task_done()  # the reader asked for the next one: this one is done
+            queue.task_done()
         finally:
-            self.watchers.remove(queue)
+            self.watchers.remove(watcher)
 
     def end_watches(self) -> None:
         """The API server closes every watch (as it does at its timeout)."""
-        for queue in self.watchers:
+        for _, queue in self.watchers:
             queue.put_nowait(None)
 
     async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
@@ -251,7 +278,7 @@ class FakeKube:
             after["metadata"]["generation"] = int(before["metadata"]["generation"]) + 1
         after["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = after
-        self._notify("ADDED" if before is None else "MODIFIED", after)
+        self._notify("ADDED" if before is None else "MODIFIED", key)
         return self._view(key)
 
     async def patch(self, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
@@ -277,6 +304,7 @@ class FakeKube:
             raise KubeError(409, "Conflict", "the object has been modified")
         obj["status"] = merge_patch(obj.get("status") or {}, status)
         obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self._notify("MODIFIED", key)
         return self._view(key)
 
     async def create(self, obj: Obj) -> Obj:
@@ -309,5 +337,6 @@ class FakeKube:
             return False
         del self.objects[key]
         self.owners.pop(key, None)
-        self._notify("DELETED", obj)
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self._notify("DELETED", key, gone=obj)
         return True

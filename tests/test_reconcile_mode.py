@@ -8,6 +8,7 @@ from typing import Any
 
 from conftest import load_example
 from disagg.autoscale.policy import Signals
+from disagg.naming import labels
 from test_reconcile_pass import NAME, NS, World, autoscaled
 
 Obj = dict[str, Any]
@@ -76,7 +77,7 @@ async def test_a_router_pod_still_draining_holds_the_old_pools() -> None:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": f"{NAME}-router-old", "namespace": NS, "deletionTimestamp": "2027-01-01T00:00:00Z",
-            "labels": {"disagg.dev/model": NAME, "disagg.dev/role": "router"},
+            "labels": labels(NAME, "router"),
         },
     }  # fmt: skip
     world.kube.put(draining)

@@ -4,6 +4,7 @@ one writer of pool replicas and of status."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -15,8 +16,9 @@ from disagg.autoscale.policy import Signals
 from disagg.autoscale.queries import Signal
 from disagg.kube.client import KubeError
 from disagg.kube.events import EventRecorder
+from disagg.kube.informer import ChildCache
 from disagg.naming import MANAGER
-from disagg.reconcile.children import HANDOVER_MANAGER
+from disagg.reconcile.children import HANDOVER_MANAGER, OPTIONAL_KINDS, WATCHED_KINDS
 from disagg.reconcile.model import Outcome, Reconciler, worth_writing
 from fakekube import FakeKube
 
@@ -57,17 +59,28 @@ class ScriptedPrometheus(PrometheusSource):
 
 
 class World:
-    """The fake API server, the scripted Prometheus and the reconciler over both."""
+    """The fake API server, the scripted Prometheus, the operator's watch cache of the
+    children and the reconciler over them."""
 
-    def __init__(self, manifest: Obj) -> None:
-        self.kube = FakeKube()
+    def __init__(self, manifest: Obj, kube: FakeKube | None = None) -> None:
+        self.kube = kube or FakeKube()
         self.clock = Clock()
         self.prometheus = ScriptedPrometheus("http://prometheus:9090")
         self.prometheus.clock = self.clock
+        self.woken: list[tuple[str, str]] = []
+        """The models the cache's watches enqueued, in order."""
+        self.cache = ChildCache(
+            self.kube,  # type: ignore[arg-type]
+            WATCHED_KINDS,
+            lambda namespace, model: self.woken.append((namespace, model)),
+            optional=OPTIONAL_KINDS,
+        )
+        self._watching: asyncio.Task[None] | None = None
         recorder = EventRecorder(self.kube, clock=self.clock)  # type: ignore[arg-type]
         self.reconciler = Reconciler(
             self.kube,  # type: ignore[arg-type]
             recorder,
+            self.cache,
             clock=self.clock,
             prometheus=lambda url: self.prometheus,
         )
@@ -75,7 +88,16 @@ class World:
         body["metadata"] |= {"namespace": NS, "uid": "model-uid", "generation": 1}
         self.kube.put(body)
 
+    async def settle(self) -> None:
+        """Start the cache's watches if they are not running; wait until they have read
+        everything the API server sent them."""
+        if self._watching is None:
+            self._watching = asyncio.create_task(self.cache.run())
+            await self.cache.synced()
+        await self.kube.delivered()
+
     async def reconcile(self) -> Outcome:
+        await self.settle()
         return await self.reconciler.reconcile(NS, NAME)
 
     def model(self) -> Obj:

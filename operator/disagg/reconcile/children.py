@@ -1,4 +1,7 @@
-"""A model's children in the cluster: list them, apply what differs, prune what is unwanted.
+"""A model's children in the cluster: apply what differs, prune what is unwanted.
+
+What is live comes from the :class:`~disagg.kube.informer.ChildCache`, and every write is
+recorded there as the API server answered it.
 
 Every child is server-side applied under the operator's field manager, pool replicas
 included (they are rendered from the spec or the autoscaler's decision). The one exception
@@ -17,7 +20,8 @@ from typing import Any, Final
 from disagg.drift import needs_apply, owns_field, stamp
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
-from disagg.naming import MANAGER, model_selector
+from disagg.kube.informer import ChildCache
+from disagg.naming import MANAGER
 
 Obj = dict[str, Any]
 Live = dict[tuple[str, str], Obj]
@@ -35,6 +39,8 @@ AFTER_PREREQUISITES: Final = frozenset(
     {"RoleBinding", "Deployment", "HorizontalPodAutoscaler", "ScaledObject"}
 )
 """Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
+WATCHED_KINDS: Final = (*CHILD_KINDS, "Pod")
+"""What the operator's :class:`~disagg.kube.informer.ChildCache` follows."""
 OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
 """Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 HANDOVER_MANAGER: Final = "disagg-handover"
@@ -46,22 +52,6 @@ def named(obj: Obj) -> str:
 
 def owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences", []))
-
-
-async def list_children(client: KubeClient, namespace: str, name: str) -> Live:
-    """Every child of the model, one list per kind, all kinds at once."""
-    selector = model_selector(name)
-
-    async def of_kind(kind: str) -> list[Obj]:
-        try:
-            return await client.list_objects(kind, namespace, selector)
-        except KubeError as error:
-            if error.status == 404 and kind in OPTIONAL_KINDS:
-                return []
-            raise
-
-    listed = await asyncio.gather(*(of_kind(kind) for kind in CHILD_KINDS))
-    return {(obj["kind"], obj["metadata"]["name"]): obj for objects in listed for obj in objects}
 
 
 def only_replicas_differ(obj: Obj, live: Obj | None) -> bool:
@@ -85,7 +75,12 @@ def apply_waves(desired: list[Obj]) -> list[list[Obj]]:
 
 
 async def apply_children(
-    client: KubeClient, desired: list[Obj], live: Live, recorder: EventRecorder, body: Obj
+    client: KubeClient,
+    cache: ChildCache,
+    desired: list[Obj],
+    live: Live,
+    recorder: EventRecorder,
+    body: Obj,
 ) -> int:
     """Apply each desired child that differs from what is live, a wave at a time (see
     :func:`apply_waves`); one Event names them all."""
@@ -93,7 +88,7 @@ async def apply_children(
     try:
         for wave in apply_waves(desired):
             verbs = await asyncio.gather(
-                *(_apply_child(client, obj, live) for obj in wave), return_exceptions=True
+                *(_apply_child(client, cache, obj, live) for obj in wave), return_exceptions=True
             )
             for obj, verb in zip(wave, verbs, strict=True):
                 if isinstance(verb, str):
@@ -111,7 +106,7 @@ async def apply_children(
     return len(done["created"]) + len(done["updated"])
 
 
-async def _apply_child(client: KubeClient, obj: Obj, live: Live) -> str | None:
+async def _apply_child(client: KubeClient, cache: ChildCache, obj: Obj, live: Live) -> str | None:
     """Apply one child if it differs from what is live: "created", "updated", "resized"
     (only its replicas changed) or None."""
     stamped = stamp(obj)
@@ -119,18 +114,21 @@ async def _apply_child(client: KubeClient, obj: Obj, live: Live) -> str | None:
     current = live.get(key)
     if not needs_apply(stamped, current):
         return None
-    if current is not None and _letting_go_of_replicas(obj, current):
-        await client.apply(_replicas_only(current), manager=HANDOVER_MANAGER)
     resize = only_replicas_differ(obj, current)
-    try:
-        applied = await client.apply(stamped)
-    except KubeError as error:
-        hint = " (is the API that serves it installed?)" if error.status == 404 else ""
-        raise KubeError(
-            error.status, error.reason, f"{named(obj)}: {error.message}{hint}"
-        ) from None
-    # What the API server answered is the live object now: no need to list it again.
-    live[key] = {**applied, "kind": obj["kind"]}
+    meta = obj["metadata"]
+    with cache.writing(obj["kind"], meta["namespace"], meta["name"]):
+        if current is not None and _letting_go_of_replicas(obj, current):
+            await client.apply(_replicas_only(current), manager=HANDOVER_MANAGER)
+        try:
+            applied = await client.apply(stamped)
+        except KubeError as error:
+            hint = " (is the API that serves it installed?)" if error.status == 404 else ""
+            raise KubeError(
+                error.status, error.reason, f"{named(obj)}: {error.message}{hint}"
+            ) from None
+        # What the API server answered is the live object now, for this pass and the next.
+        live[key] = {**applied, "kind": obj["kind"]}
+        cache.record(live[key])
     if resize:
         return None
     return "created" if current is None else "updated"
@@ -156,6 +154,7 @@ def _replicas_only(live: Obj) -> Obj:
 
 async def prune(
     client: KubeClient,
+    cache: ChildCache,
     uid: str,
     desired: list[Obj],
     live: Live,
@@ -170,11 +169,12 @@ async def prune(
     for (kind, name), obj in sorted(live.items()):
         if (kind, name) in wanted or not owned_by(obj, uid):
             continue
-        if await client.delete(
-            kind, obj["metadata"]["namespace"], name, uid=obj["metadata"].get("uid")
-        ):
-            deleted.append(f"{kind} {name}")
+        namespace = obj["metadata"]["namespace"]
+        with cache.writing(kind, namespace, name):
+            if await client.delete(kind, namespace, name, uid=obj["metadata"].get("uid")):
+                deleted.append(f"{kind} {name}")
             live.pop((kind, name))
+            cache.forget(kind, namespace, name)  # deleted now, or already gone
     if deleted:
         message = f"deleted {', '.join(deleted)}: no longer wanted by the spec"
         await recorder.normal(body, "Deleted", message)

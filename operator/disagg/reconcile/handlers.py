@@ -1,16 +1,17 @@
-"""Thin kopf wiring: watch events only enqueue work; the queue runs one code path per model.
+"""Thin wiring: watch events only enqueue work; the queue runs one code path per model.
 
-Handlers are raw watch handlers (``kopf.on.event``), so kopf keeps no bookkeeping of its own
-on our objects: no finalizers, no last-handled annotations, nothing written that a GitOps
-tool would see as drift. Deleted models are cleaned up by the garbage collector through
-ownerReferences.
+kopf watches the models with a raw watch handler (``kopf.on.event``), so it keeps no
+bookkeeping of its own on them: no finalizers, no last-handled annotations, nothing written
+that a GitOps tool would see as drift. The children and their pods are followed by the
+operator's own :class:`~disagg.kube.informer.ChildCache`, which passes read instead of
+listing, and whose changes enqueue the model they belong to. Deleted models are cleaned up
+by the garbage collector through ownerReferences.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,8 @@ from aiohttp import web
 
 from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
-from disagg.naming import CHILDREN_SELECTOR, MODEL_LABEL
+from disagg.kube.informer import ChildCache
+from disagg.reconcile.children import OPTIONAL_KINDS, WATCHED_KINDS
 from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
 from disagg.reconcile.metrics import OperatorMetrics, serve
@@ -28,16 +30,6 @@ from disagg.reconcile.queue import Key, WorkQueue
 
 log = logging.getLogger("disagg.operator")
 
-CHILD_RESOURCES = (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "serviceaccounts"),
-    ("", "v1", "pods"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-)
-
 
 @dataclass
 class Runtime:
@@ -45,6 +37,7 @@ class Runtime:
 
     config: RunConfig
     client: KubeClient
+    cache: ChildCache
     reconciler: Reconciler
     metrics: OperatorMetrics
     queue: WorkQueue | None = None
@@ -69,6 +62,7 @@ class Runtime:
         self.reconciler.scalers.clear()
 
     async def enqueue_all(self) -> None:
+        await self.cache.synced()  # a pass before it would take every child for missing
         scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
         for namespace in scopes:
             for model in await self.client.list_objects("DisaggregatedModel", namespace):
@@ -77,6 +71,7 @@ class Runtime:
 
 async def _work(runtime: Runtime, key: Key) -> None:
     namespace, name = key
+    await runtime.cache.synced()  # the models' watch may deliver them before the children's
     with runtime.metrics.duration.time():
         try:
             outcome = await runtime.reconciler.reconcile(namespace, name)
@@ -134,18 +129,27 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         settings.scanning.disabled = True  # no CRD/namespace scanning: less RBAC
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        # Filter children and pods in the API server, not after they are streamed here: on a
-        # shared GPU cluster the operator's traffic and memory follow its own objects.
-        for group, version, plural in CHILD_RESOURCES:
-            settings.watching.label_selectors[group, version, plural] = CHILDREN_SELECTOR
         metrics = OperatorMetrics()
         client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
+
+        def on_child_change(namespace: str, model: str) -> None:
+            runtime.enqueue((namespace, model))
+
+        cache = ChildCache(
+            client,
+            WATCHED_KINDS,
+            on_child_change,
+            namespaces=config.namespaces or (None,),
+            optional=OPTIONAL_KINDS,
+        )
         runtime = Runtime(
             config=config,
             client=client,
-            reconciler=Reconciler(client, EventRecorder(client)),
+            cache=cache,
+            reconciler=Reconciler(client, EventRecorder(client), cache),
             metrics=metrics,
         )
+        runtime.tasks.append(asyncio.create_task(cache.run(), name="child watches"))
         runtime.queue = WorkQueue(lambda key: _work(runtime, key), concurrency=config.concurrency)
 
         def on_leadership(leading: bool) -> None:
@@ -196,20 +200,3 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         runtime: Runtime | None = memo.get("runtime")
         if runtime is not None and namespace:
             runtime.enqueue((namespace, name))
-
-    async def child_event(
-        labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any
-    ) -> None:
-        runtime: Runtime | None = memo.get("runtime")
-        model = labels.get(MODEL_LABEL)
-        if runtime is not None and model and namespace:
-            runtime.enqueue((namespace, model))
-
-    for group, version, plural in CHILD_RESOURCES:
-        kopf.on.event(
-            group,
-            version,
-            plural,
-            registry=registry,
-            id=f"child-{plural}",
-        )(child_event)  # only children arrive: the API server filters by CHILDREN_SELECTOR

@@ -1,6 +1,6 @@
 """One level-based pass over one model, the operator's only control loop.
 
-    read the model -> validate -> list its children
+    read the model -> validate -> its children and pods (from the watch cache)
       -> an autoscaler evaluation, if one is due: Prometheus -> the pure policy -> replicas
       -> render (pool replicas: the decision, else the live size, else the spec's)
       -> apply what differs -> prune what is unwanted -> observe pods
@@ -38,8 +38,9 @@ from disagg.autoscale.metrics import PrometheusSource
 from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
-from disagg.naming import ROLE_LABEL, ComponentRole, child_name, model_selector
-from disagg.reconcile.children import Live, apply_children, list_children, prune
+from disagg.kube.informer import ChildCache
+from disagg.naming import ROLE_LABEL, ComponentRole, child_name
+from disagg.reconcile.children import Live, apply_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
 from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
@@ -127,10 +128,12 @@ def _builtin(model: DisaggregatedModel) -> bool:
 
 @dataclass
 class Reconciler:
-    """The pass, with what it needs from outside: the API server, Prometheus, the clock."""
+    """The pass, with what it needs from outside: the API server and the watch cache of
+    its children, Prometheus, the clock."""
 
     client: KubeClient
     recorder: EventRecorder
+    cache: ChildCache
     clock: Clock = system_clock
     prometheus: SourceFactory = PrometheusSource
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
@@ -153,14 +156,8 @@ class Reconciler:
                 await self.recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
             return await self._write_status(body, status, Outcome(invalid=True))
 
-        # A model never reconciled before has nothing to prune and no pods yet: applying
-        # its children blind is what listing them would lead to, at half the requests.
-        # (After a crash mid-pass, applying a child that exists is a no-op.)
-        first = not body.get("status")
-        live = {} if first else await list_children(self.client, namespace, name)
-        pods = (
-            [] if first else await self.client.list_objects("Pod", namespace, model_selector(name))
-        )
+        live = self.cache.children(namespace, name)
+        pods = self.cache.pods(namespace, name)
         switch = plan_switch(
             model.spec.mode,
             self._deployments(name, live),
@@ -173,11 +170,13 @@ class Reconciler:
         ctx = RenderContext(model, replicas=replicas, router_mode=switch.router_mode)
         desired = render_all(ctx)
         try:
-            applied = await apply_children(self.client, desired, live, self.recorder, body)
+            applied = await apply_children(
+                self.client, self.cache, desired, live, self.recorder, body
+            )
         except KubeError as error:
             return await self._refused(body, previous, generation, now, error)
         pruned = await prune(
-            self.client, body["metadata"]["uid"], desired, live, self.recorder, body,
+            self.client, self.cache, body["metadata"]["uid"], desired, live, self.recorder, body,
             kept=_pool_children(name, switch.retiring),
         )  # fmt: skip
         observed = Observed(

@@ -1,0 +1,199 @@
+"""The operator's watch cache of its children against an in-memory API server: what a pass
+reads instead of listing, what wakes a model, and how it recovers when a watch breaks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from conftest import load_example
+from disagg.kube.client import KubeError
+from disagg.kube.informer import ChildCache, NotSynced
+from disagg.naming import MANAGER, labels
+from disagg.reconcile.children import OPTIONAL_KINDS, WATCHED_KINDS
+from fakekube import FakeKube
+from test_control_loops import until
+from test_reconcile_pass import NAME, NS, World
+
+Obj = dict[str, Any]
+
+
+def pod(name: str, model: str = "llama", **meta: Any) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels(model, "decode"), **meta},
+    }
+
+
+class Cluster:
+    """A fake API server and a running cache over it, with the models it woke."""
+
+    def __init__(self) -> None:
+        self.kube = FakeKube()
+        self.woken: list[str] = []
+        self.cache = ChildCache(
+            self.kube,  # type: ignore[arg-type]
+            WATCHED_KINDS,
+            lambda namespace, model: self.woken.append(model),
+            optional=OPTIONAL_KINDS,
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.cache.run())
+        await self.cache.synced()
+
+    async def settle(self) -> None:
+        await self.kube.delivered()
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    world = Cluster()
+    yield world
+    if world.task is not None:
+        world.task.cancel()
+        await asyncio.gather(world.task, return_exceptions=True)
+
+
+async def test_a_pass_reads_what_was_listed_and_what_the_watch_brought(cluster: Cluster) -> None:
+    cluster.kube.put(pod("llama-decode-0"))
+    await cluster.start()
+    cluster.kube.put(pod("llama-decode-1"))
+    cluster.kube.put(pod("mistral-decode-0", model="mistral"))
+    await cluster.settle()
+    assert [p["metadata"]["name"] for p in cluster.cache.pods(NS, "llama")] == [
+        "llama-decode-0", "llama-decode-1",
+    ]  # fmt: skip
+    assert cluster.woken == ["llama", "llama", "mistral"]
+    await cluster.kube.delete("Pod", NS, "llama-decode-0")
+    await cluster.settle()
+    assert [p["metadata"]["name"] for p in cluster.cache.pods(NS, "llama")] == ["llama-decode-1"]
+    assert cluster.woken[-1] == "llama"
+
+
+async def test_objects_without_the_childrens_labels_are_never_streamed(cluster: Cluster) -> None:
+    await cluster.start()
+    unrelated = pod("someone-elses-job")
+    unrelated["metadata"]["labels"] = {"app": "training"}
+    cluster.kube.put(unrelated)
+    await cluster.settle()
+    assert len(cluster.cache) == 0 and cluster.woken == []
+
+
+async def test_a_write_the_pass_recorded_is_not_undone_by_its_echo_or_a_stale_event(
+    cluster: Cluster,
+) -> None:
+    await cluster.start()
+    before = cluster.kube.put(pod("llama-decode-0"))
+    await cluster.settle()
+    woken = len(cluster.woken)
+    after = await cluster.kube.patch("Pod", NS, "llama-decode-0", {"metadata": {"annotations": {
+        "controller.kubernetes.io/pod-deletion-cost": "-100",
+    }}})  # fmt: skip
+    cluster.cache.record({**after, "kind": "Pod"})
+    await cluster.settle()  # the watch delivers the same version: nothing new
+    cluster.kube.send("Pod", "MODIFIED", before)  # a late event of the older version
+    await cluster.settle()
+    (cached,) = cluster.cache.pods(NS, "llama")
+    assert cached["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "-100"
+    assert len(cluster.woken) == woken
+
+
+async def test_an_expired_watch_lists_again_and_drops_what_went_missing(cluster: Cluster) -> None:
+    cluster.kube.put(pod("llama-decode-0"))
+    cluster.kube.put(pod("llama-decode-1"))
+    await cluster.start()
+    cluster.woken.clear()
+    # Deleted while the watch was down: no event will ever say so.
+    del cluster.kube.objects["Pod", NS, "llama-decode-0"]
+    cluster.kube.send("Pod", "ERROR", {"code": 410, "reason": "Expired", "message": "too old"})
+    await until(lambda: len(cluster.cache.pods(NS, "llama")) == 1)
+    assert cluster.woken == ["llama"] and cluster.kube.lists.count("Pod") == 2
+
+
+async def test_a_kind_whose_api_is_not_installed_has_none_and_does_not_hold_passes_up(
+    cluster: Cluster,
+) -> None:
+    cluster.kube.failures["ScaledObject", "list"] = KubeError(
+        404, "NotFound", "the server could not find the requested resource"
+    )
+    await cluster.start()
+    assert cluster.cache.children(NS, "llama") == {}
+
+
+async def test_a_pass_before_the_first_list_is_refused_with_the_reason(cluster: Cluster) -> None:
+    cluster.kube.failures["Deployment", "list"] = KubeError(
+        403, "Forbidden", 'deployments.apps is forbidden: User "operator" cannot list'
+    )
+    cluster.task = asyncio.create_task(cluster.cache.run())
+    await until(lambda: "Deployment" not in cluster.kube.lists and _refusal(cluster) is not None)
+    refusal = _refusal(cluster)
+    assert refusal is not None and "Deployments in team not listed yet" in refusal
+    assert "cannot list" in refusal
+
+
+async def test_a_pass_over_an_unchanged_model_lists_nothing() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    listed = len(world.kube.lists)
+    writes = len(world.kube.writes)
+    await world.reconcile()
+    await world.reconcile()
+    assert len(world.kube.lists) == listed and len(world.kube.writes) == writes
+    # The echo of the pass's own applies woke nothing; the status write is not a child.
+    assert world.woken == []
+
+
+async def test_a_child_deleted_by_hand_wakes_its_model_and_comes_back() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    await world.kube.delete("Service", NS, f"{NAME}-decode")
+    await world.settle()
+    assert world.woken == [(NS, NAME)]
+    outcome = await world.reconcile()
+    assert outcome.applied == 1 and world.kube.stored("Service", NS, f"{NAME}-decode")
+
+
+class EchoFirst(FakeKube):
+    """An API server whose watches deliver a write's event before it answers the write, and
+    a controller that may act on a Deployment in between (as the Deployment controller does
+    when it sees a new generation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.controller_acts = False
+
+    async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
+        answer = await super().apply(obj, force=force, manager=manager)
+        await self.delivered()
+        if self.controller_acts and obj["kind"] == "Deployment":
+            meta = obj["metadata"]
+            self.set_status("Deployment", meta["namespace"], meta["name"], {"replicas": 0})
+            await self.delivered()
+        return answer
+
+
+async def test_the_echo_of_a_write_wakes_nobody_but_a_change_after_it_does() -> None:
+    world = World(load_example("minimal"), kube=EchoFirst())
+    await world.reconcile()
+    await world.settle()
+    assert world.woken == []  # every child's event arrived while its apply was under way
+    assert isinstance(world.kube, EchoFirst)
+    world.kube.controller_acts = True
+    world.edit({"decode": {"replicas": 2}})
+    await world.reconcile()
+    await world.settle()
+    assert world.woken == [(NS, NAME)]  # the controller's status came after the apply
+
+
+def _refusal(cluster: Cluster) -> str | None:
+    try:
+        cluster.cache.children(NS, "llama")
+    except NotSynced as error:
+        return error.message if "Deployment" in error.message else None
+    return None
