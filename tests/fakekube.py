@@ -104,6 +104,8 @@ class FakeKube:
         self.failures: dict[tuple[str, str], KubeError] = {}
         self.watchers: list[tuple[str, asyncio.Queue[tuple[str, Obj] | None]]] = []
         """Each open watch: its kind and what the server has sent it and it has not read."""
+        self.gets: list[str] = []
+        """The kind of every single-object read served."""
         self.lists: list[str] = []
         """The kind of every list served."""
         self.in_flight = 0
@@ -164,6 +166,7 @@ class FakeKube:
         await asyncio.gather(*(queue.join() for _, queue in self.watchers))
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
+        self.gets.append(kind)
         obj = self.objects.get((kind, namespace or "", name))
         return self._view((kind, namespace or "", name)) if obj is not None else None
 

@@ -145,7 +145,7 @@ async def test_a_pass_over_an_unchanged_model_lists_nothing() -> None:
     await world.reconcile()
     await world.reconcile()
     assert len(world.kube.lists) == listed and len(world.kube.writes) == writes
-    # The echo of the pass's own applies woke nothing; the status write is not a child.
+    # The echoes of the pass's own applies and status write woke nothing.
     assert world.woken == []
 
 
@@ -186,9 +186,36 @@ async def test_the_echo_of_a_write_wakes_nobody_but_a_change_after_it_does() -> 
     assert isinstance(world.kube, EchoFirst)
     world.kube.controller_acts = True
     world.edit({"decode": {"replicas": 2}})
+    await world.settle()
+    assert world.woken == [(NS, NAME)]  # the user's edit
+    world.woken.clear()
     await world.reconcile()
     await world.settle()
     assert world.woken == [(NS, NAME)]  # the controller's status came after the apply
+
+
+async def test_a_pass_reads_its_model_as_the_watch_delivered_it() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()  # the model's first read: the watch had delivered nothing yet
+    world.edit({"decode": {"replicas": 2}})
+    await world.reconcile()
+    await world.reconcile()
+    assert world.kube.gets == ["DisaggregatedModel"]
+    assert world.deployment("decode")["spec"]["replicas"] == 2
+
+
+async def test_a_model_kept_too_old_is_read_afresh_after_its_status_write_is_refused() -> None:
+    world = World(load_example("minimal"))
+    await world.reconcile()
+    stale = world.model()
+    world.edit({"decode": {"replicas": 2}})
+    await world.settle()
+    world.models.record({**stale, "metadata": {**stale["metadata"], "resourceVersion": "999999"}})
+    outcome = await world.reconcile()  # a version the server no longer holds
+    assert outcome.conflict
+    await world.reconcile()
+    assert world.kube.gets == ["DisaggregatedModel"] * 2
+    assert world.model()["status"]["observedGeneration"] == 2
 
 
 def _refusal(cluster: Cluster) -> str | None:

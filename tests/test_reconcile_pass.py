@@ -17,6 +17,7 @@ from disagg.autoscale.queries import Signal
 from disagg.kube.client import KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
+from disagg.kube.models import ModelStore
 from disagg.naming import MANAGER
 from disagg.reconcile.children import HANDOVER_MANAGER, OPTIONAL_KINDS, WATCHED_KINDS
 from disagg.reconcile.model import Outcome, Reconciler, worth_writing
@@ -75,12 +76,14 @@ class World:
             lambda namespace, model: self.woken.append((namespace, model)),
             optional=OPTIONAL_KINDS,
         )
-        self._watching: asyncio.Task[None] | None = None
+        self.models = ModelStore(self.kube)  # type: ignore[arg-type]
+        self._watching: list[asyncio.Task[None]] = []
         recorder = EventRecorder(self.kube, clock=self.clock)  # type: ignore[arg-type]
         self.reconciler = Reconciler(
             self.kube,  # type: ignore[arg-type]
             recorder,
             self.cache,
+            self.models,
             clock=self.clock,
             prometheus=lambda url: self.prometheus,
         )
@@ -89,12 +92,20 @@ class World:
         self.kube.put(body)
 
     async def settle(self) -> None:
-        """Start the cache's watches if they are not running; wait until they have read
-        everything the API server sent them."""
-        if self._watching is None:
-            self._watching = asyncio.create_task(self.cache.run())
+        """Start the watches if they are not running (the cache's, and the models' as kopf
+        runs it in the operator); wait until they have read everything the API server sent."""
+        if not self._watching:
+            self._watching = [
+                asyncio.create_task(self.cache.run()),
+                asyncio.create_task(self._watch_models()),
+            ]
             await self.cache.synced()
         await self.kube.delivered()
+
+    async def _watch_models(self) -> None:
+        async for event, obj in self.kube.watch("DisaggregatedModel", NS, None, "0"):
+            if self.models.seen(event, obj):
+                self.woken.append((NS, obj["metadata"]["name"]))
 
     async def reconcile(self) -> Outcome:
         await self.settle()

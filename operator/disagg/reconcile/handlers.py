@@ -21,6 +21,7 @@ from aiohttp import web
 from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
+from disagg.kube.models import ModelStore
 from disagg.reconcile.children import OPTIONAL_KINDS, WATCHED_KINDS
 from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
@@ -66,6 +67,7 @@ class Runtime:
         scopes: tuple[str | None, ...] = self.config.namespaces or (None,)
         for namespace in scopes:
             for model in await self.client.list_objects("DisaggregatedModel", namespace):
+                self.reconciler.models.seen(None, model)
                 self.enqueue((model["metadata"]["namespace"], model["metadata"]["name"]))
 
 
@@ -146,7 +148,7 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             config=config,
             client=client,
             cache=cache,
-            reconciler=Reconciler(client, EventRecorder(client), cache),
+            reconciler=Reconciler(client, EventRecorder(client), cache, ModelStore(client)),
             metrics=metrics,
         )
         runtime.tasks.append(asyncio.create_task(cache.run(), name="child watches"))
@@ -196,7 +198,11 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         await runtime.client.close()
 
     @kopf.on.event("disagg.dev", "v1alpha1", "disaggregatedmodels", registry=registry)
-    async def model_event(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    async def model_event(
+        name: str, namespace: str | None, event: kopf.RawEvent, memo: Any, **_: Any
+    ) -> None:
         runtime: Runtime | None = memo.get("runtime")
-        if runtime is not None and namespace:
-            runtime.enqueue((namespace, name))
+        if runtime is None or not namespace:
+            return
+        if runtime.reconciler.models.seen(event.get("type"), dict(event["object"])):
+            runtime.enqueue((namespace, name))  # not the echo of the pass's own status write

@@ -39,6 +39,7 @@ from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
+from disagg.kube.models import ModelStore
 from disagg.naming import ROLE_LABEL, ComponentRole, child_name
 from disagg.reconcile.children import Live, apply_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
@@ -128,12 +129,13 @@ def _builtin(model: DisaggregatedModel) -> bool:
 
 @dataclass
 class Reconciler:
-    """The pass, with what it needs from outside: the API server and the watch cache of
-    its children, Prometheus, the clock."""
+    """The pass, with what it needs from outside: the API server, what the watches last
+    delivered of the models and of their children, Prometheus, the clock."""
 
     client: KubeClient
     recorder: EventRecorder
     cache: ChildCache
+    models: ModelStore
     clock: Clock = system_clock
     prometheus: SourceFactory = PrometheusSource
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
@@ -141,7 +143,7 @@ class Reconciler:
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """Bring one model's children and status in line with its spec."""
-        body = await self.client.get("DisaggregatedModel", namespace, name)
+        body = await self.models.get(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.scalers.pop((namespace, name), None)
             return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
@@ -320,12 +322,17 @@ class Reconciler:
         if not worth_writing(patch):
             return outcome
         try:
-            await self.client.patch_status(
+            written = await self.client.patch_status(
                 "DisaggregatedModel", meta["namespace"], meta["name"], patch,  # type: ignore[arg-type]
                 resource_version=meta.get("resourceVersion"),
             )  # fmt: skip
         except KubeError as error:
+            if error.status == 404:
+                self.models.drop(meta["namespace"], meta["name"])
+                return replace(outcome, gone=True)
             if error.status != 409:
                 raise
+            self.models.drop(meta["namespace"], meta["name"])  # read it afresh next pass
             return replace(outcome, conflict=True)
+        self.models.record(written)
         return replace(outcome, status_written=True)
