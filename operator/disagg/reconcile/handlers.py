@@ -11,6 +11,7 @@ by the garbage collector through ownerReferences.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from disagg.reconcile.model import Reconciler
 from disagg.reconcile.queue import Key, WorkQueue
 
 log = logging.getLogger("disagg.operator")
+SYNC_WAIT_SECONDS = 10.0
 
 
 @dataclass
@@ -73,7 +75,10 @@ class Runtime:
 
 async def _work(runtime: Runtime, key: Key) -> None:
     namespace, name = key
-    await runtime.cache.synced()  # the models' watch may deliver them before the children's
+    # The models' watch may deliver them before the children's are listed: wait a little for
+    # those lists, then let the pass fail (and count) with the reason they are missing.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(runtime.cache.synced(), SYNC_WAIT_SECONDS)
     with runtime.metrics.duration.time():
         try:
             outcome = await runtime.reconciler.reconcile(namespace, name)
