@@ -57,17 +57,22 @@ class _Write:
     deleted: bool = False
 
 
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as a number, or None when it is not one (pure)."""
+    value = str(obj.get("metadata", {}).get("resourceVersion", ""))
+    return int(value) if value.isdigit() else None
+
+
 def _entry(obj: Obj) -> _Entry:
     meta = obj["metadata"]
-    value = str(meta.get("resourceVersion", ""))
     return _Entry(
-        version=int(value) if value.isdigit() else None,
+        version=resource_version(obj),
         model=meta.get("labels", {}).get(MODEL_LABEL),
         body=json.dumps(obj, separators=(",", ":")).encode(),
     )
 
 
-def _newer(incoming: int | None, stored: int | None) -> bool:
+def newer(incoming: int | None, stored: int | None) -> bool:
     """Whether version ``incoming`` is later than ``stored`` (pure). resourceVersions are etcd
     revisions on every API server this runs against; one that is not a number is taken as
     newer, as a watch would deliver it."""
@@ -272,7 +277,7 @@ class ChildCache:
         # A deletion is the last version of what it deletes; a newer object under the same
         # name is a re-creation a pass already recorded.
         version = _entry(obj).version
-        if stored is not None and (version is None or not _newer(stored.version, version)):
+        if stored is not None and (version is None or not newer(stored.version, version)):
             self._departed(key)
 
     def _arrived(self, key: ObjectKey, entry: _Entry) -> None:
@@ -303,7 +308,7 @@ class ChildCache:
     def _store(self, key: ObjectKey, entry: _Entry) -> bool:
         """Keep ``entry`` if it is newer than what is here; whether anything changed."""
         stored = self._objects.get(key)
-        if stored is not None and not _newer(entry.version, stored.version):
+        if stored is not None and not newer(entry.version, stored.version):
             return False
         self._unindex(key)
         self._objects[key] = entry

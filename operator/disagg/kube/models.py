@@ -13,14 +13,10 @@ import json
 from typing import Any
 
 from disagg.kube.client import KubeClient
+from disagg.kube.informer import newer, resource_version
 
 Obj = dict[str, Any]
 Key = tuple[str, str]
-
-
-def _version(obj: Obj) -> int | None:
-    value = str(obj.get("metadata", {}).get("resourceVersion", ""))
-    return int(value) if value.isdigit() else None
 
 
 class ModelStore:
@@ -49,9 +45,9 @@ class ModelStore:
         is kept; whether it was."""
         meta = obj["metadata"]
         key = (meta["namespace"], meta["name"])
-        version = _version(obj)
+        version = resource_version(obj)
         kept = self._bodies.get(key)
-        if kept is not None and version is not None and kept[0] is not None and version <= kept[0]:
+        if kept is not None and not newer(version, kept[0]):
             return False
         self._bodies[key] = (version, json.dumps({**obj, "kind": self._kind}).encode())
         return True
