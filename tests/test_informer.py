@@ -137,6 +137,22 @@ async def test_a_pass_before_the_first_list_is_refused_with_the_reason(cluster: 
     assert "cannot list" in refusal
 
 
+class Persistent(dict[tuple[str, str], KubeError]):
+    """Injected failures that stay: every attempt fails, not only the first."""
+
+    def pop(self, key: tuple[str, str], default: Any = None) -> Any:
+        return self.get(key, default)
+
+
+async def test_forbidden_pods_hold_no_pass_back(cluster: Cluster) -> None:
+    cluster.kube.failures = Persistent(
+        {("Pod", "list"): KubeError(403, "Forbidden", 'pods is forbidden: User "op" cannot list')}
+    )
+    await asyncio.wait_for(cluster.start(), 5)  # synced although pods were never listed
+    assert cluster.cache.children(NS, "llama") == {}
+    assert cluster.cache.pods(NS, "llama") == []
+
+
 async def test_a_pass_over_an_unchanged_model_lists_nothing() -> None:
     world = World(load_example("minimal"))
     await world.reconcile()

@@ -101,6 +101,7 @@ class ChildCache:
     ) -> None:
         self._client = client
         self._kinds = tuple(kinds)
+        self._required = tuple(kind for kind in self._kinds if kind != "Pod")
         self._on_change = on_change
         self._scopes = namespaces
         self._optional = optional
@@ -115,7 +116,8 @@ class ChildCache:
     # reads ---------------------------------------------------------------------------
 
     async def synced(self) -> None:
-        """Wait until every kind has been listed once in every scope."""
+        """Wait until every kind a pass needs (all but pods) has been listed once in every
+        scope: a pass applies children without pods, so forbidden pods hold nothing up."""
         await self._synced.wait()
 
     def children(self, namespace: str, model: str) -> dict[tuple[str, str], Obj]:
@@ -141,8 +143,8 @@ class ChildCache:
 
     def _require_listed(self, namespace: str) -> None:
         scope = namespace if namespace in self._scopes else None
-        for kind in self._kinds:
-            if kind != "Pod" and (kind, scope) not in self._listed:
+        for kind in self._required:
+            if (kind, scope) not in self._listed:
                 cause = self._failing.get((kind, scope), "the first list is under way")
                 raise NotSynced(kind, namespace, cause)
 
@@ -265,7 +267,7 @@ class ChildCache:
     def _mark_listed(self, kind: str, scope: str | None) -> None:
         self._listed.add((kind, scope))
         self._failing.pop((kind, scope), None)
-        if all((k, s) in self._listed for k in self._kinds for s in self._scopes):
+        if all((k, s) in self._listed for k in self._required for s in self._scopes):
             self._synced.set()
 
     def _apply_event(self, event: str, obj: Obj) -> None:
