@@ -15,7 +15,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import httpx
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
@@ -125,7 +124,7 @@ def _from_cluster(
         if kubeconfig:
             raise DiagnoseError(f"--kubeconfig: {error}") from None
         return None
-    except (KubeError, httpx.HTTPError, TimeoutError, OSError) as error:
+    except (KubeError, TimeoutError, OSError) as error:
         if kubeconfig:
             raise DiagnoseError(f"cannot read {KIND} {namespace}/{name}: {error}") from None
         print(

@@ -46,8 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _config(args)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("disagg").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    # One line per request and per handler call drowns what matters.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # One line per handler call drowns what matters.
     if not args.verbose:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     registry = kopf.OperatorRegistry()
