@@ -10,6 +10,9 @@ It keeps what the orchestration depends on, so the fast suite can test it in mil
   precondition, 404s, label selectors (``k=v`` and ``k``);
 * every write recorded as (kind, verb, manager), failures injectable per (kind, verb);
 * a watch stream fed by the test, for the router's pod watch;
+* the Deployment controller's first step: soon after a Deployment's spec changes, its
+  ``status.observedGeneration`` catches up (a watch event; a new pod template leaves no
+  replica updated yet), unless ``deployment_controller`` is off;
 * an apply is answered after a yield to the event loop, so concurrent applies overlap; a
   RoleBinding is refused while its Role does not exist (the escalation check's answer to a
   caller without ``bind``).
@@ -112,6 +115,9 @@ class FakeKube:
         self.peak_in_flight = 0
         """Applies sent and not yet answered (now, and the most there have been at once)."""
         self._versions = itertools.count(1)
+        self.deployment_controller = True
+        self._observing: set[ObjectKey] = set()
+        self._observed_templates: dict[ObjectKey, Any] = {}
 
     # test helpers ------------------------------------------------------------------
 
@@ -163,6 +169,9 @@ class FakeKube:
 
     async def delivered(self) -> None:
         """Wait until every open watch has read (and acted on) every event sent to it."""
+        if self._observing:
+            await asyncio.sleep(0)  # one turn of the loop runs every scheduled observation
+        assert not self._observing
         await asyncio.gather(*(queue.join() for _, queue in self.watchers))
 
     async def get(self, kind: str, namespace: str | None, name: str) -> Obj | None:
@@ -282,7 +291,29 @@ class FakeKube:
         after["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = after
         self._notify("ADDED" if before is None else "MODIFIED", key)
+        generation = after["metadata"].get("generation")
+        if (
+            key[0] == "Deployment"
+            and self.deployment_controller
+            and (before is None or generation != before["metadata"].get("generation"))
+        ):
+            self._observing.add(key)
+            asyncio.get_running_loop().call_soon(self._observe, key, generation)
         return self._view(key)
+
+    def _observe(self, key: ObjectKey, generation: int) -> None:
+        self._observing.discard(key)
+        obj = self.objects.get(key)
+        if obj is None or obj["metadata"]["generation"] != generation:
+            return  # deleted, or changed again: that change schedules its own
+        status = {**(obj.get("status") or {}), "observedGeneration": generation}
+        template = obj.get("spec", {}).get("template")
+        if self._observed_templates.get(key) != template:
+            status["updatedReplicas"] = 0  # the new ReplicaSet has no pod yet
+        self._observed_templates[key] = copy.deepcopy(template)
+        obj["status"] = status
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        self._notify("MODIFIED", key)
 
     async def patch(self, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
         key = (kind, namespace or "", name)

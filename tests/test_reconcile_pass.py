@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from disagg.kube.informer import ChildCache
 from disagg.kube.models import ModelStore
 from disagg.naming import MANAGER
 from disagg.reconcile.children import HANDOVER_MANAGER, OPTIONAL_KINDS, WATCHED_KINDS
-from disagg.reconcile.model import Outcome, Reconciler, worth_writing
+from disagg.reconcile.model import OBSERVE_WAIT_SECONDS, Outcome, Reconciler, worth_writing
 from fakekube import FakeKube
 
 Obj = dict[str, Any]
@@ -108,8 +109,17 @@ class World:
                 self.woken.append((NS, obj["metadata"]["name"]))
 
     async def reconcile(self) -> Outcome:
+        """A pass, and when its status write waits for the Deployment controller, the pass
+        that controller's answer wakes (the counts are both passes')."""
         await self.settle()
-        return await self.reconciler.reconcile(NS, NAME)
+        outcome = await self.reconciler.reconcile(NS, NAME)
+        if not outcome.status_waiting:
+            return outcome
+        await self.settle()
+        after = await self.reconciler.reconcile(NS, NAME)
+        return replace(
+            after, applied=outcome.applied + after.applied, pruned=outcome.pruned + after.pruned
+        )
 
     def model(self) -> Obj:
         obj = self.kube.stored("DisaggregatedModel", NS, NAME)
@@ -416,3 +426,45 @@ async def test_a_first_pass_cut_short_before_its_status_converges_on_the_next() 
     writes = len(world.kube.writes)
     await world.reconcile()
     assert world.kube.writes[writes:] == []
+
+
+async def test_a_new_models_status_waits_for_the_deployment_controller_and_is_written_once() -> (
+    None
+):
+    world = World(load_example("minimal"))
+    await world.settle()
+    first = await world.reconciler.reconcile(NS, NAME)
+    assert first.status_waiting and first.requeue_after == OBSERVE_WAIT_SECONDS
+    assert world.kube.writes_of("DisaggregatedModel") == []
+    await world.settle()
+    assert world.woken == [(NS, NAME)] * 3  # the controller observed each Deployment
+    second = await world.reconciler.reconcile(NS, NAME)
+    assert second.status_written and second.applied == 0
+    assert "rollout pending" not in world.condition("Progressing")["message"]
+    assert world.kube.writes_of("DisaggregatedModel") == [
+        ("DisaggregatedModel", "patch-status", MANAGER)
+    ]
+
+
+async def test_with_the_deployment_controller_down_the_status_is_written_after_the_wait() -> None:
+    world = World(load_example("minimal"))
+    world.kube.deployment_controller = False
+    await world.settle()
+    assert (await world.reconciler.reconcile(NS, NAME)).requeue_after == OBSERVE_WAIT_SECONDS
+    world.clock.now += 2
+    assert (await world.reconciler.reconcile(NS, NAME)).requeue_after == OBSERVE_WAIT_SECONDS - 2
+    assert world.kube.writes_of("DisaggregatedModel") == []
+    world.clock.now += OBSERVE_WAIT_SECONDS - 2
+    assert (await world.reconciler.reconcile(NS, NAME)).status_written
+    assert world.model()["status"]["observedGeneration"] == 1
+    assert "rollout pending" in world.condition("Progressing")["message"]
+
+
+async def test_a_refused_child_is_reported_without_waiting_for_the_deployment_controller() -> None:
+    world = World(load_example("minimal"))
+    world.kube.deployment_controller = False
+    world.kube.fail_next("PodDisruptionBudget", "apply", 422, "minAvailable: Invalid value")
+    await world.settle()
+    outcome = await world.reconciler.reconcile(NS, NAME)
+    assert outcome.status_written and not outcome.status_waiting
+    assert world.condition("Degraded")["reason"] == "ApplyRejected"

@@ -97,6 +97,13 @@ def pool_status(
     )
 
 
+def unobserved(deployment: Obj) -> bool:
+    """Whether the Deployment's controller has yet to act on its latest spec."""
+    status = deployment.get("status") or {}
+    generation = deployment.get("metadata", {}).get("generation", 0)
+    return bool(status.get("observedGeneration", 0) < generation)
+
+
 def rollout_pending(deployment: Obj | None) -> str | None:
     """What a Deployment's rollout still waits for (None: it runs its template everywhere,
     ready, with no old replica left)."""
@@ -104,7 +111,7 @@ def rollout_pending(deployment: Obj | None) -> str | None:
         return "not created yet"
     spec, status = deployment.get("spec", {}), deployment.get("status", {})
     desired = int(spec.get("replicas", 1))
-    if status.get("observedGeneration", 0) < deployment.get("metadata", {}).get("generation", 0):
+    if unobserved(deployment):
         return "rollout pending"
     if int(status.get("updatedReplicas", 0)) < desired:
         return f"{status.get('updatedReplicas', 0)}/{desired} updated"

@@ -6,6 +6,10 @@
       -> apply what differs -> prune what is unwanted -> observe pods
       -> compute the status -> one status write -> requeue when the next evaluation is due
 
+A status write waits (up to ``OBSERVE_WAIT_SECONDS``) while a Deployment's controller has not
+yet observed what the pass changed: the rollout state it would report is the one the next
+watch event replaces, so writing it costs a second write for no news.
+
 The same pass runs for create, update, a child's change, the periodic resync and the
 autoscaler's interval (a requeue-after on the work queue); it never branches on which event
 fired. It is the one writer of pool replicas (rendered into the Deployments it applies) and
@@ -43,7 +47,14 @@ from disagg.kube.models import ModelStore
 from disagg.naming import ROLE_LABEL, ComponentRole, child_name
 from disagg.reconcile.children import Live, apply_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
-from disagg.status import Observed, ScalingRecord, compute_status, invalid_status, status_patch
+from disagg.status import (
+    Observed,
+    ScalingRecord,
+    compute_status,
+    invalid_status,
+    status_patch,
+    unobserved,
+)
 from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
 
 log = logging.getLogger("disagg.reconcile")
@@ -51,6 +62,8 @@ Obj = dict[str, Any]
 Key = tuple[str, str]
 REJECTED: Final = frozenset({400, 403, 404, 405, 413, 415, 422})
 """Statuses that refuse the request itself: applying it again gets the same answer."""
+OBSERVE_WAIT_SECONDS: Final = 5.0
+"""How long a status write waits for the Deployment controller to observe a change."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,9 @@ class Outcome:
     conflict: bool = False
     """The model changed while the pass ran: run again now, against the new version."""
     requeue_after: float | None = None
-    """Seconds until the next autoscaler evaluation is due."""
+    """Seconds until the next autoscaler evaluation is due, or the status write's wait ends."""
+    status_waiting: bool = False
+    """The status write waits for the Deployment controller (see OBSERVE_WAIT_SECONDS)."""
 
 
 def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
@@ -140,12 +155,15 @@ class Reconciler:
     prometheus: SourceFactory = PrometheusSource
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
     """Each autoscaled model's policy memory (the leader's; dropped when leadership is)."""
+    waiting_since: dict[Key, float] = field(default_factory=dict)
+    """When each model's status write began waiting for the Deployment controller."""
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """Bring one model's children and status in line with its spec."""
         body = await self.models.get(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self.scalers.pop((namespace, name), None)
+            self.waiting_since.pop((namespace, name), None)
             return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
         now = self.clock()
         generation = int(body["metadata"].get("generation", 0))
@@ -205,6 +223,11 @@ class Reconciler:
             for event in evaluation_events(evaluation, before):
                 await self._post(body, event)
         outcome = Outcome(applied=applied, pruned=pruned, requeue_after=self._next(model, now))
+        wait = self._observe_wait((namespace, name), observed, degraded.status, now)
+        if wait is not None:
+            due = min(wait, outcome.requeue_after or wait)
+            return replace(outcome, requeue_after=due, status_waiting=True)
+        self.waiting_since.pop((namespace, name), None)
         outcome = await self._write_status(body, status, outcome)
         state = self.scalers.get((namespace, name))
         if state is not None and not outcome.conflict:
@@ -243,6 +266,25 @@ class Reconciler:
                 decision.current, decision.desired, decision.reason,
             )  # fmt: skip
         return evaluation
+
+    def _observe_wait(
+        self,
+        key: Key,
+        observed: Observed,
+        degraded: str,
+        now: float,
+    ) -> float | None:
+        """Seconds the status write may still wait for the Deployment controller, or None to
+        write now: a refusal or a failure is news at once, and a wait ends after
+        OBSERVE_WAIT_SECONDS whatever the controller does (it may be down). A scaling
+        decision waits too: it is kept until a status write records it, and its Event is
+        posted at once."""
+        if degraded == "True":
+            return None
+        if not any(unobserved(d) for d in observed.deployments.values() if d is not None):
+            return None
+        left = self.waiting_since.setdefault(key, now) + OBSERVE_WAIT_SECONDS - now
+        return left if left > 0 else None
 
     def _record(
         self, model: DisaggregatedModel, evaluation: Evaluation | None
