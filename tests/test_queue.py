@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from disagg.reconcile.queue import Key, WorkQueue
+from test_control_loops import until
 
 
 async def test_bursts_coalesce_and_keys_never_run_concurrently() -> None:
@@ -45,4 +46,25 @@ async def test_a_failing_key_retries_without_blocking_others() -> None:
     queue.add(("ns", "good"))
     await asyncio.wait_for(queue.idle(), timeout=5)
     assert attempts == {"bad": 2, "good": 1}
+    await queue.close()
+
+
+async def test_events_for_a_key_waiting_for_a_slot_join_the_pass_it_waits_for() -> None:
+    release = asyncio.Event()
+    passes: list[Key] = []
+
+    async def work(key: Key) -> None:
+        passes.append(key)
+        if key[1] == "busy":
+            await release.wait()
+
+    queue = WorkQueue(work, concurrency=1, debounce=0.0)
+    queue.add(("ns", "busy"))
+    await until(lambda: passes == [("ns", "busy")])  # it holds the only slot
+    for _ in range(5):
+        queue.add(("ns", "waiting"))
+        await asyncio.sleep(0.01)  # each event arrives after the key began to wait
+    release.set()
+    await asyncio.wait_for(queue.idle(), timeout=5)
+    assert passes == [("ns", "busy"), ("ns", "waiting")]
     await queue.close()

@@ -1,10 +1,11 @@
 """A keyed work queue: each model is reconciled by at most one task at a time.
 
 Events for a model that is being reconciled mark it dirty, and it runs once more when the
-current pass ends, so bursts of child events (a rollout touches many pods) coalesce into
-few passes. Failures retry with capped exponential backoff, never in a hot loop. A pass can
-ask to run again after a delay (the autoscaler's interval): one timer per key, the earliest
-wins.
+current pass ends; events for a model waiting for a free slot join the pass it waits for. So
+bursts of child events (a rollout touches many pods) coalesce into few passes, and more so
+the busier the operator is. Failures retry with capped exponential backoff, never in a hot
+loop. A pass can ask to run again after a delay (the autoscaler's interval): one timer per
+key, the earliest wins.
 """
 
 from __future__ import annotations
@@ -72,8 +73,10 @@ class WorkQueue:
         try:
             while key in self._dirty and not self._closed:
                 await asyncio.sleep(self._debounce)
-                self._dirty.discard(key)
                 async with self._slots:
+                    # Marked clean only once a slot is free: events that arrive while the key
+                    # waits for one are read by the pass it waits to run, not by another.
+                    self._dirty.discard(key)
                     try:
                         await self._work(key)
                         self._failures.pop(key, None)
