@@ -147,6 +147,7 @@ def main() -> int:
             rss = rss_mib(operator)
             convergence_writes = operator.writes(exclude=("Lease",))
             convergence_passes = operator.reconciles()
+            conflicts = operator.reconciles("conflict")
             # Deployments report their status after the first pass; let that settle.
             settle = {"writes": total(convergence_writes), "since": time.monotonic()}
 
@@ -189,6 +190,7 @@ def main() -> int:
     print(
         f"  {'reconcile passes per model, to converge':40} {convergence_passes / args.models:8.2f}"
     )
+    print(f"  {'status writes refused with 409, per model':40} {conflicts / args.models:8.2f}")
     print(f"  {'operator CPU, to converge':40} {cpu:8.1f} s")
     print(f"  {'operator RSS':40} {rss:8.0f} MiB")
     print(f"  {'writes in one idle resync of all':40} {idle:8.0f}")

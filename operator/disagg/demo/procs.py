@@ -233,9 +233,13 @@ class Operator:
             and not any(f'kind="{e}"' in k for e in exclude)
         }
 
-    def reconciles(self) -> float:
+    def reconciles(self, result: str | None = None) -> float:
+        """Reconcile passes so far (those that ended with ``result``: ok, conflict, ...)."""
         return sum(
-            v for k, v in self.metrics().items() if k.startswith("disagg_operator_reconcile_total")
+            v
+            for k, v in self.metrics().items()
+            if k.startswith("disagg_operator_reconcile_total")
+            and (result is None or f'result="{result}"' in k)
         )
 
     def kill(self) -> None:
