@@ -311,9 +311,7 @@ class FakeKube:
         if self._observed_templates.get(key) != template:
             status["updatedReplicas"] = 0  # the new ReplicaSet has no pod yet
         self._observed_templates[key] = copy.deepcopy(template)
-        obj["status"] = status
-        obj["metadata"]["resourceVersion"] = str(next(self._versions))
-        self._notify("MODIFIED", key)
+        self.set_status(*key, status)
 
     async def patch(self, kind: str, namespace: str | None, name: str, patch: Obj) -> Obj:
         key = (kind, namespace or "", name)

@@ -46,6 +46,8 @@ RESOURCES: Final[dict[str, tuple[str, str]]] = {
 }
 CLUSTER_SCOPED: Final = frozenset({"Namespace"})
 TIMEOUT: Final = aiohttp.ClientTimeout(total=15.0, connect=5.0)
+TRANSPORT_ERRORS: Final = (aiohttp.ClientError, TimeoutError, OSError)
+"""What a call raises when no answer came (raised on as KubeUnreachable)."""
 
 
 class KubeError(Exception):
@@ -213,7 +215,7 @@ class KubeClient:
                 method, self._url(path), params=params, data=data, headers=headers
             ) as response:
                 status, reason, raw = response.status, response.reason, await response.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        except TRANSPORT_ERRORS as error:
             raise KubeUnreachable(method, path, error) from error
         if status >= 400:
             raise _refusal(status, reason, raw)
@@ -286,7 +288,7 @@ class KubeClient:
                             event = json.loads(line)
                             yield str(event.get("type")), event.get("object", {})
                     del pending[:start]
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+        except TRANSPORT_ERRORS as error:
             raise KubeUnreachable("WATCH", path, error) from error
 
     async def apply(
