@@ -25,26 +25,23 @@ TIME_SCALE = 0.5
 def test_a_busy_timeline_chains_steps_end_to_start() -> None:
     timeline = Timeline()
     timeline.notify(10.0)
-    assert timeline.start(now=10.02, queued=10.0) == 10.0  # woken 20 ms late: starts on time
+    assert timeline.start(now=10.02) == 10.0  # woken 20 ms late: starts on time
     timeline.finish(10.1, work_left=True)
-    assert timeline.start(now=10.18, queued=-math.inf) == 10.1
+    assert timeline.start(now=10.18) == 10.1
 
 
-def test_an_idle_engine_starts_when_work_arrives_never_before_it_was_queued() -> None:
+def test_an_idle_engine_starts_when_work_arrives() -> None:
     timeline = Timeline()
     timeline.finish(5.0, work_left=False)
     timeline.notify(7.0)
-    assert timeline.start(now=7.03, queued=7.0) == 7.0
-    timeline.finish(7.1, work_left=True)
-    # A request queued after the previous step ended joins no earlier than it was queued.
-    assert timeline.start(now=7.25, queued=7.2) == 7.2
+    assert timeline.start(now=7.03) == 7.0
 
 
 def test_a_host_far_behind_moves_the_timeline_to_the_present() -> None:
     timeline = Timeline()
     timeline.finish(1.0, work_left=True)
     late = 1.0 + MAX_CATCH_UP + 0.1
-    assert timeline.start(now=late, queued=-math.inf) == late
+    assert timeline.start(now=late) == late
 
 
 def _engine() -> Engine:
@@ -72,8 +69,9 @@ def _histogram(engine: Engine, name: str) -> dict[float, float]:
     raise AssertionError(f"{name} not exported")
 
 
-async def _decode(engine: Engine, tokens: int, hog: bool) -> list[float]:
-    """Stream one request; with ``hog``, block the event loop 30 ms at a time as a busy host
+async def _decode(engine: Engine, tokens: int, hog: bool, company: int = 0) -> list[float]:
+    """Stream one request's tokens, with ``company`` short requests arriving 20 ms apart
+    while it decodes; with ``hog``, block the event loop 30 ms at a time as a busy host
     would, between the engine's steps."""
     await engine.start("127.0.0.1")
     stop = asyncio.Event()
@@ -83,11 +81,19 @@ async def _decode(engine: Engine, tokens: int, hog: bool) -> list[float]:
             time.sleep(0.03)  # noqa: ASYNC251 - the point: the loop is held as a busy host holds it
             await asyncio.sleep(0.005)
 
+    async def companion(index: int) -> None:
+        await asyncio.sleep(0.02 * (index + 1))
+        short = SimRequest(id=f"c{index}", prompt_tokens=64, max_tokens=4, kv_ready=True)
+        async for _ in engine.run(short, time.monotonic()):
+            pass
+
     hogger = asyncio.create_task(hog_loop()) if hog else None
+    companions = [asyncio.create_task(companion(i)) for i in range(company)]
     request = SimRequest(id="r", prompt_tokens=64, max_tokens=tokens, kv_ready=True)
     try:
         return [t async for t in engine.run(request, time.monotonic())]
     finally:
+        await asyncio.gather(*companions)
         stop.set()
         if hogger is not None:
             await hogger
@@ -108,3 +114,16 @@ def test_inter_token_latency_does_not_depend_on_host_lag() -> None:
     assert _histogram(busy_engine, "vllm:inter_token_latency_seconds") == _histogram(
         quiet_engine, "vllm:inter_token_latency_seconds"
     )
+
+
+def test_requests_arriving_on_a_late_host_do_not_stretch_a_running_decode() -> None:
+    """A newcomer the late-woken loop finds waiting joins the first step that starts after
+    it was queued; the step already due for the running request is not held back for it."""
+    quiet_engine, busy_engine = _engine(), _engine()
+    quiet = asyncio.run(_decode(quiet_engine, 80, hog=False, company=8))
+    busy = asyncio.run(_decode(busy_engine, 80, hog=True, company=8))
+    quiet_gaps = [b - a for a, b in itertools.pairwise(quiet)]
+    busy_gaps = [b - a for a, b in itertools.pairwise(busy)]
+    assert max(busy_gaps) < 1.2 * max(quiet_gaps), (max(quiet_gaps), max(busy_gaps))
+    served = _histogram(busy_engine, "vllm:e2e_request_latency_seconds")
+    assert served[math.inf] == 9, served  # the companions were served, not dropped

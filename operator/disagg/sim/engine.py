@@ -27,7 +27,7 @@ from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
 from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
 from disagg.sim.metrics import EngineMetrics
 from disagg.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache, block_hashes, prompt_units
-from disagg.sim.scheduler import Scheduler, SimRequest
+from disagg.sim.scheduler import Scheduler, SimRequest, Step
 from disagg.sim.tokens import continuation, output_token
 
 EngineRole = Literal["prefill", "decode", "both"]
@@ -43,9 +43,11 @@ class Timeline:
     """When each step starts and ends on the engine's own clock (wall seconds, monotonic).
 
     A step starts where the previous one ended while work was left over, or when new work
-    arrived after the engine went idle, and never before a request in it was queued; it ends
-    its modelled duration later. Only when the host runs more than MAX_CATCH_UP behind does
-    the timeline move to the present.
+    arrived after the engine went idle; it ends its modelled duration later. A request joins
+    the first step that starts after it was queued, so a host that wakes the loop late
+    neither delays a running request's next token nor lets a newcomer into a step that began
+    before it arrived. Only when the host runs more than MAX_CATCH_UP behind does the
+    timeline move to the present.
     """
 
     free_at: float = -math.inf
@@ -58,13 +60,16 @@ class Timeline:
         if not self.busy and self.arrived is None:
             self.arrived = now
 
-    def start(self, now: float, queued: float) -> float:
-        """The start of a step planned at ``now`` whose newest request was queued at
-        ``queued`` (-inf when it only continues running requests)."""
+    def start(self, now: float) -> float:
+        """The start of a step planned at ``now``."""
         arrived = now if self.arrived is None else self.arrived
         begin = self.free_at if self.busy else max(self.free_at, arrived)
         self.arrived = None
-        begin = max(begin, queued)
+        return self.caught_up(now, begin)
+
+    @staticmethod
+    def caught_up(now: float, begin: float) -> float:
+        """``begin``, unless the host is more than MAX_CATCH_UP behind it: then the present."""
         return now if now - begin > MAX_CATCH_UP else begin
 
     def finish(self, end: float, work_left: bool) -> None:
@@ -113,7 +118,8 @@ class Timings:
 
     arrival: float
     queued: float = -math.inf
-    """When the scheduler got it (after a decode engine's KV fetch)."""
+    """When the engine queued it (after a decode engine's KV fetch); it joins the first step
+    that starts after this."""
     scheduled: float | None = None
     tokens: list[float] = field(default_factory=list)
 
@@ -144,6 +150,8 @@ class Engine:
         self.recent: deque[dict[str, Any]] = deque(maxlen=64)
         self._queues: dict[int, asyncio.Queue[float | None]] = {}
         self._timings: dict[int, Timings] = {}
+        self._arrivals: deque[tuple[float, SimRequest]] = deque()
+        """Requests queued but not yet handed to the scheduler, with when they were queued."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._block_counter = 0
@@ -179,25 +187,29 @@ class Engine:
         while True:
             await self._wake.wait()
             self.lender.expire()
-            step = self.scheduler.plan()
+            now = time.monotonic()
+            start = self.timeline.start(now)
+            step = self._plan(start)
+            if step.tokens == 0 and self._arrivals:
+                # Nothing that had arrived by then could run: the step starts with the next.
+                start = self.timeline.caught_up(now, max(start, self._arrivals[0][0]))
+                step = self._plan(start)
             self._publish_gauges()
             if step.tokens == 0:
+                self._hand_over(math.inf)  # whatever step comes next starts after all of them
                 self.timeline.idle()
                 self._wake.clear()
                 continue
             requests = [r for r, _ in step.chunks] + step.decodes
-            timings = [t for t in map(self._timings.get, map(id, requests)) if t is not None]
-            fresh = [t for t in timings if t.scheduled is None]
-            newest = max((t.queued for t in fresh), default=-math.inf)
-            start = self.timeline.start(time.monotonic(), newest)
-            for timing in fresh:
-                timing.scheduled = start
+            for timing in map(self._timings.get, map(id, requests)):
+                if timing is not None and timing.scheduled is None:
+                    timing.scheduled = start
             duration = self.scheduler.duration(step) + self.faults.added_latency_ms / 1000
             end = start + duration * self.config.time_scale
             await asyncio.sleep(max(0.0, end - time.monotonic()))
             self.metrics.host_lag.observe(max(0.0, time.monotonic() - end))
             result = self.scheduler.complete(step)
-            self.timeline.finish(end, self.scheduler.has_work())
+            self.timeline.finish(end, self.scheduler.has_work() or bool(self._arrivals))
             for request, _ in result.emitted:
                 queue = self._queues.get(id(request))
                 if queue is not None:
@@ -215,9 +227,19 @@ class Engine:
                     queue.put_nowait(None)
             self._publish_gauges()
 
+    def _plan(self, start: float) -> Step:
+        """The step starting at ``start``: the scheduler gets every request queued by then."""
+        self._hand_over(start)
+        return self.scheduler.plan()
+
+    def _hand_over(self, queued_by: float) -> None:
+        while self._arrivals and self._arrivals[0][0] <= queued_by:
+            self.scheduler.add(self._arrivals.popleft()[1])
+
     def _publish_gauges(self) -> None:
         s = self.scheduler
-        self.metrics.observe_gauges(len(s.running), len(s.waiting), s.usage)
+        waiting = len(s.waiting) + len(self._arrivals)
+        self.metrics.observe_gauges(len(s.running), waiting, s.usage)
         self.metrics.observe_prefix_cache(s.prefix_queries, s.prefix_hits)
 
     def block_ids(self, prompt_tokens: int) -> list[list[int]]:
@@ -292,10 +314,11 @@ class Engine:
     async def run(self, request: SimRequest, arrival: float) -> AsyncGenerator[float, None]:
         """Schedule a request and yield the time of each of its tokens (on the timeline)."""
         queue: asyncio.Queue[float | None] = asyncio.Queue()
+        self.scheduler.check(request)
         timing = Timings(arrival=arrival, queued=time.monotonic())
         self._queues[id(request)] = queue
         self._timings[id(request)] = timing
-        self.scheduler.add(request)
+        self._arrivals.append((timing.queued, request))
         self._wake_up()
         self.accepted += 1
         finished = False
@@ -309,12 +332,20 @@ class Engine:
                 yield emitted
         finally:
             if not finished:
-                self.scheduler.cancel(request)
+                self._cancel(request)
                 self._wake_up()
             else:
                 self._record(request, timing)
             self._queues.pop(id(request), None)
             self._timings.pop(id(request), None)
+
+    def _cancel(self, request: SimRequest) -> None:
+        pending = [entry for entry in self._arrivals if entry[1] is request]
+        if pending:
+            request.cancelled = True
+            self._arrivals.remove(pending[0])
+        else:
+            self.scheduler.cancel(request)
 
     def _observe_token(self, timing: Timings, emitted: float) -> None:
         """TTFT and inter-token latency as each token comes (vLLM observes them per

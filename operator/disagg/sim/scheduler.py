@@ -102,12 +102,16 @@ class Scheduler:
         self.prefix_hits = 0
         """Of those, tokens found cached (vLLM's prefix_cache_hits)."""
 
-    def add(self, request: SimRequest) -> None:
+    def check(self, request: SimRequest) -> None:
+        """Refuse a request that could never fit this engine's KV cache."""
         if request.kv_reservation > self.kv_capacity:
             raise ValueError(
                 f"request needs {request.kv_reservation} KV tokens; this engine holds "
                 f"{self.kv_capacity}"
             )
+
+    def add(self, request: SimRequest) -> None:
+        self.check(request)
         self.waiting.append(request)
 
     def cancel(self, request: SimRequest) -> None:
