@@ -446,6 +446,27 @@ async def test_a_new_models_status_waits_for_the_deployment_controller_and_is_wr
     ]
 
 
+async def test_a_model_scaled_to_zero_writes_its_status_at_once_and_only_once() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"] |= {
+        "prefill": {"replicas": 0}, "decode": {"replicas": 0}, "router": {"enabled": False}
+    }
+    world = World(manifest)
+    await world.settle()
+    outcome = await world.reconciler.reconcile(NS, NAME)
+    # The Deployment controller has yet to observe either pool; nothing it does starts a pod.
+    assert outcome.status_written and not outcome.status_waiting
+    assert world.model()["status"]["observedGeneration"] == 1
+    assert world.condition("Progressing")["status"] == "False"
+    await world.settle()
+    for role in ("prefill", "decode"):  # the controller has observed both pools since
+        deployment = world.deployment(role)
+        assert deployment["status"]["observedGeneration"] == deployment["metadata"]["generation"]
+    writes = len(world.kube.writes)
+    await world.reconciler.reconcile(NS, NAME)
+    assert world.kube.writes[writes:] == []
+
+
 async def test_with_the_deployment_controller_down_the_status_is_written_after_the_wait() -> None:
     world = World(load_example("minimal"))
     world.kube.deployment_controller = False

@@ -84,6 +84,18 @@ def test_rollout_in_progress() -> None:
     )
 
 
+def test_a_pool_at_zero_replicas_has_nothing_to_roll_out_before_its_controller_acts() -> None:
+    new = {"metadata": {"generation": 1}, "spec": {"replicas": 0}}
+    deployments = {**_healthy(), "prefill": new, "decode": new}
+    status = compute_status(Observed(generation=1, deployments=deployments), None, T0)
+    assert _cond(status, "Progressing").status == "False"
+    # Scaled to zero, but the controller has yet to remove its pods: still rolling out.
+    draining = _deployment(0, 0, generation=2, observed=1)
+    draining["status"]["replicas"] = 2
+    stale = compute_status(Observed(1, {**_healthy(), "decode": draining}), None, T0)
+    assert "decode: rollout pending" in _cond(stale, "Progressing").message
+
+
 def test_unschedulable_pods_degrade_with_the_scheduler_message() -> None:
     pod = {
         "metadata": {"name": "m-prefill-abc", "labels": {"disagg.dev/role": "prefill"}},

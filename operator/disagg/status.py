@@ -98,10 +98,16 @@ def pool_status(
 
 
 def unobserved(deployment: Obj) -> bool:
-    """Whether the Deployment's controller has yet to act on its latest spec."""
+    """Whether the Deployment's controller has yet to act on a spec that changes a pod.
+
+    One asked for no replicas that runs none has nothing to roll out, whatever its template
+    says: the controller's ReplicaSet for it starts no pod, so its rollout is done already."""
     status = deployment.get("status") or {}
     generation = deployment.get("metadata", {}).get("generation", 0)
-    return bool(status.get("observedGeneration", 0) < generation)
+    if status.get("observedGeneration", 0) >= generation:
+        return False
+    idle = int((deployment.get("spec") or {}).get("replicas", 1)) == 0
+    return not idle or int(status.get("replicas", 0)) > 0
 
 
 def rollout_pending(deployment: Obj | None) -> str | None:

@@ -8,7 +8,8 @@
 
 A status write waits (up to ``OBSERVE_WAIT_SECONDS``) while a Deployment's controller has not
 yet observed what the pass changed: the rollout state it would report is the one the next
-watch event replaces, so writing it costs a second write for no news.
+watch event replaces, so writing it costs a second write for no news. A pool at zero
+replicas that runs none is not waited for: its rollout has nothing to do.
 
 The same pass runs for create, update, a child's change, the periodic resync and the
 autoscaler's interval (a requeue-after on the work queue); it never branches on which event
