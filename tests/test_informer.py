@@ -13,7 +13,7 @@ from conftest import load_example
 from disagg.kube.client import KubeError
 from disagg.kube.informer import ChildCache, NotSynced
 from disagg.naming import MANAGER, labels
-from disagg.reconcile.children import OPTIONAL_KINDS, WATCHED_KINDS
+from disagg.reconcile.children import OPTIONAL_KINDS, WAKE_VIEWS, WATCHED_KINDS
 from fakekube import FakeKube
 from test_control_loops import until
 from test_reconcile_pass import NAME, NS, World
@@ -40,6 +40,7 @@ class Cluster:
             WATCHED_KINDS,
             lambda namespace, model: self.woken.append(model),
             optional=OPTIONAL_KINDS,
+            views=WAKE_VIEWS,
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -102,6 +103,40 @@ async def test_a_write_the_pass_recorded_is_not_undone_by_its_echo_or_a_stale_ev
     (cached,) = cluster.cache.pods(NS, "llama")
     assert cached["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"] == "-100"
     assert len(cluster.woken) == woken
+
+
+async def test_the_deployment_controllers_bookkeeping_wakes_nobody_its_counts_do(
+    cluster: Cluster,
+) -> None:
+    await cluster.start()
+    cluster.kube.put({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "llama-decode", "namespace": NS, "generation": 1,
+                     "labels": labels("llama", "decode")},
+        "spec": {"replicas": 0},
+    })  # fmt: skip
+    await cluster.settle()
+    cluster.woken.clear()
+    progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}
+    cluster.kube.set_status("Deployment", NS, "llama-decode", {
+        "observedGeneration": 1, "conditions": [progressing],
+    })  # fmt: skip
+    cluster.kube.set_status("Deployment", NS, "llama-decode", {
+        "observedGeneration": 1, "conditions": [{**progressing, "reason": "NewReplicaSetAvailable"}],
+    })  # fmt: skip
+    await cluster.settle()
+    assert cluster.woken == []  # a pool at zero, observed: nothing a pass reports changed
+    (cached,) = cluster.cache.children(NS, "llama").values()
+    assert cached["status"]["conditions"][0]["reason"] == "NewReplicaSetAvailable"
+    failure = {"type": "ReplicaFailure", "status": "True", "message": "exceeded quota"}
+    cluster.kube.set_status("Deployment", NS, "llama-decode", {
+        "observedGeneration": 1, "conditions": [failure],
+    })  # fmt: skip
+    cluster.kube.set_status("Deployment", NS, "llama-decode", {
+        "observedGeneration": 1, "conditions": [failure], "replicas": 1,
+    })  # fmt: skip
+    await cluster.settle()
+    assert cluster.woken == ["llama", "llama"]
 
 
 async def test_an_expired_watch_lists_again_and_drops_what_went_missing(cluster: Cluster) -> None:

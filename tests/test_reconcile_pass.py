@@ -20,7 +20,12 @@ from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
 from disagg.kube.models import ModelStore
 from disagg.naming import MANAGER
-from disagg.reconcile.children import HANDOVER_MANAGER, OPTIONAL_KINDS, WATCHED_KINDS
+from disagg.reconcile.children import (
+    HANDOVER_MANAGER,
+    OPTIONAL_KINDS,
+    WAKE_VIEWS,
+    WATCHED_KINDS,
+)
 from disagg.reconcile.model import OBSERVE_WAIT_SECONDS, Outcome, Reconciler, worth_writing
 from fakekube import FakeKube
 
@@ -76,6 +81,7 @@ class World:
             WATCHED_KINDS,
             lambda namespace, model: self.woken.append((namespace, model)),
             optional=OPTIONAL_KINDS,
+            views=WAKE_VIEWS,
         )
         self.models = ModelStore(self.kube)  # type: ignore[arg-type]
         self._watching: list[asyncio.Task[None]] = []
@@ -449,7 +455,9 @@ async def test_a_new_models_status_waits_for_the_deployment_controller_and_is_wr
 async def test_a_model_scaled_to_zero_writes_its_status_at_once_and_only_once() -> None:
     manifest = load_example("minimal")
     manifest["spec"] |= {
-        "prefill": {"replicas": 0}, "decode": {"replicas": 0}, "router": {"enabled": False}
+        "prefill": {"replicas": 0},
+        "decode": {"replicas": 0},
+        "router": {"enabled": False},
     }
     world = World(manifest)
     await world.settle()

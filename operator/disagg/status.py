@@ -128,6 +128,36 @@ def rollout_pending(deployment: Obj | None) -> str | None:
     return None
 
 
+def deployment_view(deployment: Obj) -> Obj:
+    """What a reconcile pass reads of a Deployment: its metadata and spec (drift, ownership),
+    the counts and the rollout state status reports, and ReplicaFailure conditions.
+
+    The controller's bookkeeping (a new resourceVersion, its status-subresource
+    managedFields entry, conditions a pass does not read, an observedGeneration that changes
+    no rollout) is left out: a watch event that changes none of the rest wakes nobody."""
+    meta = dict(deployment.get("metadata") or {})
+    meta.pop("resourceVersion", None)
+    meta["managedFields"] = [
+        entry for entry in meta.get("managedFields") or [] if not entry.get("subresource")
+    ]
+    status = deployment.get("status") or {}
+    return {
+        "metadata": meta,
+        "spec": deployment.get("spec"),
+        "status": {
+            "replicas": status.get("replicas", 0),
+            "updatedReplicas": status.get("updatedReplicas", 0),
+            "readyReplicas": status.get("readyReplicas", 0),
+            "unobserved": unobserved(deployment),
+            "failures": [
+                cond
+                for cond in status.get("conditions") or []
+                if cond.get("type") == "ReplicaFailure"
+            ],
+        },
+    }
+
+
 def unschedulable_pods(pods: list[Obj]) -> list[str]:
     """One line per pending pod the scheduler could not place, with its reason."""
     lines = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final
@@ -42,6 +42,8 @@ class _Entry:
     version: int | None
     model: str | None
     body: bytes
+    view: int | None = None
+    """A digest of what a pass reads of it, for kinds with a view (see ``views``)."""
 
 
 @dataclass(slots=True)
@@ -63,12 +65,13 @@ def resource_version(obj: Obj) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _entry(obj: Obj) -> _Entry:
+def _entry(obj: Obj, view: Callable[[Obj], Obj] | None = None) -> _Entry:
     meta = obj["metadata"]
     return _Entry(
         version=resource_version(obj),
         model=meta.get("labels", {}).get(MODEL_LABEL),
         body=json.dumps(obj, separators=(",", ":")).encode(),
+        view=None if view is None else hash(json.dumps(view(obj), sort_keys=True)),
     )
 
 
@@ -88,7 +91,8 @@ class NotSynced(KubeError):
 
 class ChildCache:
     """Every object of ``kinds`` carrying the children's labels, in ``namespaces`` (None: all),
-    with ``on_change(namespace, model)`` called when one of a model's objects changes."""
+    with ``on_change(namespace, model)`` called when one of a model's objects changes; for a
+    kind in ``views``, only when what its view keeps of the object changes."""
 
     def __init__(
         self,
@@ -98,8 +102,10 @@ class ChildCache:
         namespaces: tuple[str | None, ...] = (None,),
         optional: frozenset[str] = frozenset(),
         selector: str = CHILDREN_SELECTOR,
+        views: Mapping[str, Callable[[Obj], Obj]] | None = None,
     ) -> None:
         self._client = client
+        self._views = dict(views or {})
         self._kinds = tuple(kinds)
         self._required = tuple(kind for kind in self._kinds if kind != "Pod")
         self._on_change = on_change
@@ -175,7 +181,7 @@ class ChildCache:
 
     def record(self, obj: Obj) -> None:
         """An object as the API server answered a write of it (newer than what is here)."""
-        entry = _entry(obj)
+        entry = self._entry(obj)
         key = _key(obj)
         write = self._writing.get(key)
         if write is not None:
@@ -252,7 +258,7 @@ class ChildCache:
             obj = {**item, "kind": kind}
             key = _key(obj)
             seen.add(key)
-            self._arrived(key, _entry(obj))
+            self._arrived(key, self._entry(obj))
         for key in [k for k in self._objects if k[0] == kind and _in(scope, k) and k not in seen]:
             self._departed(key)
         self._mark_listed(kind, scope)
@@ -273,7 +279,7 @@ class ChildCache:
     def _apply_event(self, event: str, obj: Obj) -> None:
         key = _key(obj)
         if event != "DELETED":
-            self._arrived(key, _entry(obj))
+            self._arrived(key, self._entry(obj))
             return
         stored = self._objects.get(key)
         # A deletion is the last version of what it deletes; a newer object under the same
@@ -288,7 +294,16 @@ class ChildCache:
             return
         if previous is not None and previous.model not in (None, entry.model):
             self._wake(key, previous.model)  # relabelled away: that model lost a child
-        self._wake(key, entry.model)
+        unread = (
+            previous is not None
+            and entry.view is not None
+            and (previous.view, previous.model) == (entry.view, entry.model)
+        )
+        if not unread:
+            self._wake(key, entry.model)
+
+    def _entry(self, obj: Obj) -> _Entry:
+        return _entry(obj, self._views.get(obj["kind"]))
 
     def _departed(self, key: ObjectKey) -> None:
         entry = self._objects.get(key)

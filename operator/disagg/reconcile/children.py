@@ -15,6 +15,7 @@ scaler's writes take it from there.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from disagg.drift import needs_apply, owns_field, stamp
@@ -22,6 +23,7 @@ from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
 from disagg.naming import MANAGER
+from disagg.status import deployment_view
 
 Obj = dict[str, Any]
 Live = dict[tuple[str, str], Obj]
@@ -41,6 +43,9 @@ AFTER_PREREQUISITES: Final = frozenset(
 """Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
 WATCHED_KINDS: Final = (*CHILD_KINDS, "Pod")
 """What the operator's :class:`~disagg.kube.informer.ChildCache` follows."""
+WAKE_VIEWS: Final[Mapping[str, Callable[[Obj], Obj]]] = {"Deployment": deployment_view}
+"""Per kind, what a pass reads of it: a watch event that leaves that unchanged wakes nobody
+(the Deployment controller's bookkeeping updates would cost a pass each)."""
 OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
 """Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 HANDOVER_MANAGER: Final = "disagg-handover"

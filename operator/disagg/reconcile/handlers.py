@@ -23,7 +23,7 @@ from disagg.kube.client import KubeClient, load_credentials
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
 from disagg.kube.models import ModelStore
-from disagg.reconcile.children import OPTIONAL_KINDS, WATCHED_KINDS
+from disagg.reconcile.children import OPTIONAL_KINDS, WAKE_VIEWS, WATCHED_KINDS
 from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
 from disagg.reconcile.metrics import OperatorMetrics, serve
@@ -148,6 +148,7 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             on_child_change,
             namespaces=config.namespaces or (None,),
             optional=OPTIONAL_KINDS,
+            views=WAKE_VIEWS,
         )
         runtime = Runtime(
             config=config,
