@@ -230,3 +230,31 @@ def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:
     # As soon as the look-back covers the window, straight to what the arrivals need: the
     # backlog's share of the window's recommendations is not load that comes back.
     assert downs and downs[0][0] <= 15 and downs[0][2] <= 2, downs
+
+
+def test_replicas_already_starting_that_will_drain_a_decode_backlog_are_not_ordered_again() -> None:
+    # One ready replica holds 200 sequences of 25 s (its KV cache full: 170 each at the
+    # target) with 600 waiting, 3 more per second; the replicas ordered 90 s ago serve in 30 s.
+    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, last_queue=(NOW - 15, 555))
+    signals = decode(200.0, NOW, queue=600.0, request_rate=8.0, kv_usage=1.0)
+    # Two are starting: three replicas drain the 690 they will find within a minute and a
+    # half, long before a fourth ordered now would serve.
+    decision = decide_pool("decode", signals, 3, 1, DECODE, RULES, memory, None, NOW)
+    assert decision.action == "hold", decision.reason
+    # One is starting: two replicas would take six minutes over it, so a third is ordered.
+    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, last_queue=(NOW - 15, 555))
+    decision = decide_pool("decode", signals, 2, 1, DECODE, RULES, memory, None, NOW)
+    assert decision.action == "up" and decision.desired > 2, decision.reason
+
+
+def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothing_more() -> None:
+    # Three replicas arrived 15 s ago and the queue fell from 280 to 160 since: the 450
+    # sequences running are the backlog being drained, not demand that stays.
+    signals = decode(450.0, NOW, queue=160.0, kv_usage=0.7)
+    fresh = PoolMemory(ready_at=NOW - 15, last_queue=(NOW - 15, 280.0))
+    decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, fresh, NOW - 135, NOW)
+    assert decision.action == "hold", decision.reason
+    # The same load long after the last scale-up is a pool that is too small.
+    settled = PoolMemory(ready_at=NOW - 600, last_queue=(NOW - 15, 280.0))
+    decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, settled, NOW - 720, NOW)
+    assert decision.action == "up", decision.reason

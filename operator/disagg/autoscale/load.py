@@ -44,6 +44,9 @@ class Need:
     """Prefill: seconds of one replica's time a waiting prompt costs."""
     wait_budget: float | None = None
     """Prefill: seconds the TTFT SLO leaves a prompt for waiting."""
+    backlog_covered: bool = False
+    """Decode: the replicas already starting drain the backlog within one provisioning
+    delay of arriving, so a growing queue asks for nothing more."""
 
 
 def prefill_floor(
@@ -59,11 +62,12 @@ def prefill_floor(
 
 def feed_forward(
     pool: PoolName, signals: Signals, policy: PoolPolicy, memory: PoolMemory, growing: float,
-    ready: int, behavior_window: float,
+    ready: int, ordered: int, behavior_window: float,
 ) -> Need | None:  # fmt: skip
     """Replicas the observed load needs with headroom (None when the load cannot be sized:
     no prefill times yet, or no decode batch learned or given). ``growing`` is how many
-    waiting requests were added per second since the last evaluation."""
+    waiting requests were added per second since the last evaluation; ``ordered`` counts
+    the replicas ready and starting."""
     rate = signals.request_rate or 0.0
     # A prefill pool's demand is prompt tokens: long and short prompts make it noisier than
     # the request count (the prefill-time histogram gives their spread).
@@ -106,15 +110,42 @@ def feed_forward(
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
     sequences = decode_sequences(signals, growing) * headroom
-    n = sizing.decode_replicas(sequences, batch)
-    keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
     steady = decode_sequences(signals, growing, backlog=False) * headroom
+    n = sizing.decode_replicas(sequences, batch)
+    # Whether the backlog drains is a question about the coming minutes: the demand as it is
+    # now holds the slots it drains into; where the trend leads is what ``steady`` sizes.
+    present = decode_sequences(signals, growing, backlog=False) * sizing.noise(events)
+    covered = ordered > ready and drains_in_time(signals, growing, memory, present, ordered * batch)
+    waiting = ""
+    if covered and n > ordered:
+        # A replica ordered now arrives after the ones already starting have drained the
+        # backlog: it would serve nothing but the backlog, and find none.
+        n = max(ordered, sizing.decode_replicas(steady, batch))
+        waiting = f"; the {ordered - ready} starting will drain the {signals.queue:.0f} waiting"
+    keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
     return Need(
         n,
-        f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each ({bound})",
+        f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each "
+        f"({bound}){waiting}",
         keep,
         sizing.decode_replicas(steady / DOWN_HEADROOM, batch),
+        backlog_covered=covered,
     )
+
+
+def drains_in_time(
+    signals: Signals, growing: float, memory: PoolMemory, steady: float, slots: float
+) -> bool:
+    """Whether ``slots`` decode sequences (the replicas ready and starting) drain the backlog
+    they will find within one provisioning delay: the queue grows until the starting replicas
+    serve, then each waiting request holds a slot one sequence lifetime while the steady
+    demand holds the rest."""
+    queue, running, rate = signals.queue or 0.0, signals.running, signals.request_rate
+    if memory.starting_since is None or not running or not rate or slots <= steady:
+        return False
+    until_ready = max(0.0, memory.provisioning - (signals.sampled_at - memory.starting_since))
+    backlog = queue + growing * until_ready
+    return backlog * (running / rate) / (slots - steady) <= memory.provisioning
 
 
 def coming_backlog(

@@ -15,7 +15,10 @@ no load estimate yet. The inputs and what the policy remembers are in
 * scale **up** fast: as soon as the pool breaches (beyond a tolerance band sized from the
   histogram bucket that holds the SLO, so interpolation noise at a bucket edge cannot flap),
   by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``; while replicas of an
-  earlier scale-up are still starting, only if the ready replicas' load needs more than that;
+  earlier scale-up are still starting, only if the ready replicas' load needs more than that
+  (a decode pool orders none when the replicas ordered drain the backlog they will find
+  within one provisioning delay), and just after they arrive not for a backlog draining
+  into them;
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
   undone within 5 minutes: bursts that come back are learned), leaving out what only a
@@ -175,8 +178,13 @@ def decide_pool(
     need = (
         None
         if idle
-        else feed_forward(pool, signals, policy, memory, growing, ready, behavior.window)
+        else feed_forward(pool, signals, policy, memory, growing, ready, current, behavior.window)
     )
+    if need is not None and fresh and memory.queue_change < 0 and need.replicas > current:
+        # Just after a scale-up's replicas arrive, a shrinking queue is the backlog they
+        # drain: the pool serves (and holds) more than arrives, and sizing on that would
+        # scale twice for one load.
+        need = replace(need, replicas=current)
     queue_gauge = 0.0
     if signals.queue and not (fresh and growing <= 0):
         if need is not None and need.drain_per_request and need.wait_budget:
@@ -202,7 +210,8 @@ def decide_pool(
     # drive on their own only where there is no estimate (nothing learned yet), except a
     # queue that is long and still growing: work is arriving that the estimate has not seen
     # (longer prompts than the ones finished so far).
-    queue_breach = growing > 0 and queue_gauge > 1 + MIN_TOLERANCE
+    covered = need is not None and need.backlog_covered
+    queue_breach = growing > 0 and queue_gauge > 1 + MIN_TOLERANCE and not covered
     gauge_breach = queue_breach or (need is None and any(x > 1 + MIN_TOLERANCE for x in gauges))
     breach = (latency_counts and latency > 1 + band) or gauge_breach
     pressure = max([latency if latency_counts else 0.0, *gauges])
