@@ -139,6 +139,40 @@ async def test_the_deployment_controllers_bookkeeping_wakes_nobody_its_counts_do
     assert cluster.woken == ["llama", "llama"]
 
 
+async def test_what_controllers_only_report_on_a_child_wakes_nobody_an_edit_does(
+    cluster: Cluster,
+) -> None:
+    await cluster.start()
+    for kind, api in (("PodDisruptionBudget", "policy/v1"),
+                      ("HorizontalPodAutoscaler", "autoscaling/v2")):  # fmt: skip
+        cluster.kube.put({
+            "apiVersion": api, "kind": kind,
+            "metadata": {"name": "llama-decode", "namespace": NS, "generation": 1,
+                         "labels": labels("llama", "decode")},
+            "spec": {"minAvailable": 1} if kind == "PodDisruptionBudget" else {"maxReplicas": 4},
+        })  # fmt: skip
+    await cluster.settle()
+    cluster.woken.clear()
+    # The disruption controller's healthy counts and the HPA controller's metrics, as they
+    # come every few seconds.
+    for healthy in range(3):
+        cluster.kube.set_status("PodDisruptionBudget", NS, "llama-decode", {
+            "currentHealthy": healthy, "desiredHealthy": 1, "observedGeneration": 1,
+        })  # fmt: skip
+        cluster.kube.set_status("HorizontalPodAutoscaler", NS, "llama-decode", {
+            "currentReplicas": 1, "currentMetrics": [{"type": "Pods", "value": healthy}],
+        })  # fmt: skip
+    await cluster.settle()
+    assert cluster.woken == []
+    cached = cluster.cache.children(NS, "llama")
+    assert cached["PodDisruptionBudget", "llama-decode"]["status"]["currentHealthy"] == 2
+    # Someone edits the PDB's spec: the pass must see it to put it back.
+    edited = cluster.kube.objects["PodDisruptionBudget", NS, "llama-decode"]
+    cluster.kube.put({**edited, "spec": {"maxUnavailable": 3}})
+    await cluster.settle()
+    assert cluster.woken == ["llama"]
+
+
 async def test_an_expired_watch_lists_again_and_drops_what_went_missing(cluster: Cluster) -> None:
     cluster.kube.put(pod("llama-decode-0"))
     cluster.kube.put(pod("llama-decode-1"))

@@ -77,6 +77,22 @@ def needs_apply(stamped: Obj, live: Obj | None) -> bool:
     return not is_subset(body, live)
 
 
+def drift_view(live: Obj) -> Obj:
+    """What a pass reads of a live child other than a Deployment (drift, ownership): all of
+    it but its status and the server's bookkeeping (resourceVersion, the managedFields entry
+    of the status subresource).
+
+    Controllers that only report on a child (the disruption controller's healthy counts on a
+    PodDisruptionBudget, the HPA controller's metrics every 15 seconds) change none of it, so
+    their updates wake no pass."""
+    meta = dict(live.get("metadata") or {})
+    meta.pop("resourceVersion", None)
+    meta["managedFields"] = [
+        entry for entry in meta.get("managedFields") or [] if not entry.get("subresource")
+    ]
+    return {**{key: value for key, value in live.items() if key != "status"}, "metadata": meta}
+
+
 def owns_field(live: Obj, manager: str, path: tuple[str, ...]) -> bool:
     """Whether ``manager`` owns the field at ``path`` of a live object, by its managedFields."""
     for entry in live.get("metadata", {}).get("managedFields") or []:

@@ -31,6 +31,7 @@ from disagg.api.status import (
     PoolStatus,
     RouterStatus,
 )
+from disagg.drift import drift_view
 
 Obj = dict[str, Any]
 Verdict = tuple[Literal["True", "False", "Unknown"], str, str]
@@ -135,15 +136,9 @@ def deployment_view(deployment: Obj) -> Obj:
     The controller's bookkeeping (a new resourceVersion, its status-subresource
     managedFields entry, conditions a pass does not read, an observedGeneration that changes
     no rollout) is left out: a watch event that changes none of the rest wakes nobody."""
-    meta = dict(deployment.get("metadata") or {})
-    meta.pop("resourceVersion", None)
-    meta["managedFields"] = [
-        entry for entry in meta.get("managedFields") or [] if not entry.get("subresource")
-    ]
     status = deployment.get("status") or {}
     return {
-        "metadata": meta,
-        "spec": deployment.get("spec"),
+        **drift_view(deployment),
         "status": {
             "replicas": status.get("replicas", 0),
             "updatedReplicas": status.get("updatedReplicas", 0),

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from disagg.drift import needs_apply, owns_field, stamp
+from disagg.drift import drift_view, needs_apply, owns_field, stamp
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
@@ -43,9 +43,13 @@ AFTER_PREREQUISITES: Final = frozenset(
 """Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
 WATCHED_KINDS: Final = (*CHILD_KINDS, "Pod")
 """What the operator's :class:`~disagg.kube.informer.ChildCache` follows."""
-WAKE_VIEWS: Final[Mapping[str, Callable[[Obj], Obj]]] = {"Deployment": deployment_view}
+WAKE_VIEWS: Final[Mapping[str, Callable[[Obj], Obj]]] = {
+    **{kind: drift_view for kind in CHILD_KINDS},
+    "Deployment": deployment_view,
+}
 """Per kind, what a pass reads of it: a watch event that leaves that unchanged wakes nobody
-(the Deployment controller's bookkeeping updates would cost a pass each)."""
+(the Deployment controller's bookkeeping, a PodDisruptionBudget's healthy counts, an HPA's
+metrics would cost a pass each). Pods have none: their readiness is what status reports."""
 OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
 """Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
 HANDOVER_MANAGER: Final = "disagg-handover"
