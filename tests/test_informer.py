@@ -118,6 +118,9 @@ async def test_the_deployment_controllers_bookkeeping_wakes_nobody_its_counts_do
     await cluster.settle()
     cluster.woken.clear()
     progressing = {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}
+    # Its first sync also records the rollout's revision, through the status subresource.
+    stored = cluster.kube.objects["Deployment", NS, "llama-decode"]
+    stored["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "1"}
     cluster.kube.set_status("Deployment", NS, "llama-decode", {
         "observedGeneration": 1, "conditions": [progressing],
     })  # fmt: skip

@@ -129,16 +129,25 @@ def rollout_pending(deployment: Obj | None) -> str | None:
     return None
 
 
+REVISION_ANNOTATION = "deployment.kubernetes.io/revision"
+"""The Deployment controller's count of its rollouts (a pass never reads it)."""
+
+
 def deployment_view(deployment: Obj) -> Obj:
     """What a reconcile pass reads of a Deployment: its metadata and spec (drift, ownership),
     the counts and the rollout state status reports, and ReplicaFailure conditions.
 
     The controller's bookkeeping (a new resourceVersion, its status-subresource
-    managedFields entry, conditions a pass does not read, an observedGeneration that changes
-    no rollout) is left out: a watch event that changes none of the rest wakes nobody."""
+    managedFields entry, the revision annotation it sets through that subresource on its
+    first sync, conditions a pass does not read, an observedGeneration that changes no
+    rollout) is left out: a watch event that changes none of the rest wakes nobody."""
     status = deployment.get("status") or {}
+    view = drift_view(deployment)
+    annotations = dict(view["metadata"].get("annotations") or {})
+    annotations.pop(REVISION_ANNOTATION, None)
     return {
-        **drift_view(deployment),
+        **view,
+        "metadata": {**view["metadata"], "annotations": annotations},
         "status": {
             "replicas": status.get("replicas", 0),
             "updatedReplicas": status.get("updatedReplicas", 0),
