@@ -110,11 +110,12 @@ def feed_forward(
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
     sequences = decode_sequences(signals, growing) * headroom
-    steady = decode_sequences(signals, growing, backlog=False) * headroom
+    arriving = decode_sequences(signals, growing, backlog=False)
+    steady = arriving * headroom
     n = sizing.decode_replicas(sequences, batch)
     # Whether the backlog drains is a question about the coming minutes: the demand as it is
     # now holds the slots it drains into; where the trend leads is what ``steady`` sizes.
-    present = decode_sequences(signals, growing, backlog=False) * sizing.noise(events)
+    present = arriving * sizing.noise(events)
     covered = ordered > ready and drains_in_time(signals, growing, memory, present, ordered * batch)
     waiting = ""
     if covered and n > ordered:
@@ -134,18 +135,18 @@ def feed_forward(
 
 
 def drains_in_time(
-    signals: Signals, growing: float, memory: PoolMemory, steady: float, slots: float
+    signals: Signals, growing: float, memory: PoolMemory, arriving: float, slots: float
 ) -> bool:
     """Whether ``slots`` decode sequences (the replicas ready and starting) drain the backlog
     they will find within one provisioning delay: the queue grows until the starting replicas
-    serve, then each waiting request holds a slot one sequence lifetime while the steady
-    demand holds the rest."""
+    serve, then each waiting request holds a slot one sequence lifetime while the
+    ``arriving`` sequences hold the rest."""
     queue, running, rate = signals.queue or 0.0, signals.running, signals.request_rate
-    if memory.starting_since is None or not running or not rate or slots <= steady:
+    if memory.starting_since is None or not running or not rate or slots <= arriving:
         return False
     until_ready = max(0.0, memory.provisioning - (signals.sampled_at - memory.starting_since))
     backlog = queue + growing * until_ready
-    return backlog * (running / rate) / (slots - steady) <= memory.provisioning
+    return backlog * (running / rate) / (slots - arriving) <= memory.provisioning
 
 
 def coming_backlog(
