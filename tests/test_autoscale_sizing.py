@@ -103,6 +103,20 @@ def test_prefill_speed_takes_the_better_of_alone_and_saturated_estimates() -> No
     assert sizing.learn_prefill_speed(7.0, None, 10, 0.1, 1) == 7.0
 
 
+def test_prefill_speed_does_not_fade_under_the_batching_of_a_busy_pool() -> None:
+    # Two replicas at 6,000 tokens/s each (60% of the 10,000 learned): prompts share steps,
+    # so each reads slower alone (0.11 s for 1,000 tokens: 9,091 tokens/s).
+    speed = 10_000.0
+    for _ in range(100):
+        speed = sizing.learn_prefill_speed(speed, 12_000, 12, 0.11, 2) or 0.0
+    assert speed == pytest.approx(10_000)
+    # The same reading from a pool at 30% is a change of prompt mix: it is followed.
+    speed = 10_000.0
+    for _ in range(100):
+        speed = sizing.learn_prefill_speed(speed, 6_000, 6, 0.11, 2) or 0.0
+    assert speed == pytest.approx(6_000 / 6 / 0.11)
+
+
 def test_decode_batch_learns_the_knee_from_tpot() -> None:
     # TPOT broke at 100 sequences per replica: the knee is below that.
     assert sizing.learn_batch(None, 100, 0.06, 0.05, 0.1) == pytest.approx(90)

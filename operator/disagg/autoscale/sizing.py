@@ -237,6 +237,10 @@ def headroom(
 
 SPEED_DECAY: Final = 0.995
 """Per evaluation: a speed seen once fades slowly, so a change of prompt mix is followed."""
+BUSY_SHARE: Final = 0.5
+"""Above this share of its learned speed a replica batches most prompts with others, so the
+alone reading is slowed by them (10% at the peak of the diurnal chat scenario): it may
+raise the learned speed, but does not wear it down."""
 
 
 def learn_prefill_speed(
@@ -251,13 +255,18 @@ def learn_prefill_speed(
     Both observations underestimate it, from opposite ends: the mean prompt over the mean
     prefill time is exact for prompts computed alone (batched ones look slower), and the
     tokens served per replica are exact when the pool is saturated (idle time looks slower).
-    So the larger is the better estimate, and the best seen recently is kept.
+    So the larger is the better estimate, and the best seen recently is kept. It fades only
+    while the pool is not busy (BUSY_SHARE): under load every reading is low, and letting
+    them wear the speed down would scale the pool up for the batching its load causes.
     """
     if not prompt_tokens_rate or not request_rate or not prefill_seconds or ready < 1:
         return learned
     alone = prompt_tokens_rate / request_rate / prefill_seconds
     observed = max(alone, prompt_tokens_rate / ready)
-    return observed if learned is None else max(observed, SPEED_DECAY * learned)
+    if learned is None:
+        return observed
+    busy = prompt_tokens_rate / ready > BUSY_SHARE * learned
+    return max(observed, learned if busy else SPEED_DECAY * learned)
 
 
 def learn_batch(
