@@ -4,7 +4,7 @@ reads instead of listing, what wakes a model, and how it recovers when a watch b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -259,14 +259,15 @@ class EchoFirst(FakeKube):
     def __init__(self) -> None:
         super().__init__()
         self.deployment_controller = False  # it acts only where this test says
-        self.controller_acts = False
+        self.controller_reports: Obj | None = None
+        """The status the controller sets on a Deployment just applied, if it acts."""
 
     async def apply(self, obj: Obj, *, force: bool = True, manager: str = MANAGER) -> Obj:
         answer = await super().apply(obj, force=force, manager=manager)
         await self.delivered()
-        if self.controller_acts and obj["kind"] == "Deployment":
+        if self.controller_reports is not None and obj["kind"] == "Deployment":
             meta = obj["metadata"]
-            self.set_status("Deployment", meta["namespace"], meta["name"], {"replicas": 0})
+            self.set_status("Deployment", meta["namespace"], meta["name"], self.controller_reports)
             await self.delivered()
         return answer
 
@@ -277,7 +278,8 @@ async def test_the_echo_of_a_write_wakes_nobody_but_a_change_after_it_does() -> 
     await world.settle()
     assert world.woken == []  # every child's event arrived while its apply was under way
     assert isinstance(world.kube, EchoFirst)
-    world.kube.controller_acts = True
+    # The controller starts rolling out what the apply changed: news the pass did not read.
+    world.kube.controller_reports = {"replicas": 2, "updatedReplicas": 1}
     world.edit({"decode": {"replicas": 2}})
     await world.settle()
     assert world.woken == [(NS, NAME)]  # the user's edit
@@ -285,6 +287,75 @@ async def test_the_echo_of_a_write_wakes_nobody_but_a_change_after_it_does() -> 
     await world.reconcile()
     await world.settle()
     assert world.woken == [(NS, NAME)]  # the controller's status came after the apply
+
+
+async def test_a_controller_only_reporting_on_a_child_being_written_wakes_nobody() -> None:
+    world = World(load_example("minimal"), kube=EchoFirst())
+    await world.reconcile()
+    await world.settle()
+    assert isinstance(world.kube, EchoFirst)
+    # Between the apply and its answer the controller records only its bookkeeping (a
+    # condition a pass does not read), as the Deployment controller does on a new one.
+    world.kube.controller_reports = {
+        "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}]
+    }
+    world.edit({"decode": {"maxNumSeqs": 64}})
+    await world.settle()
+    world.woken.clear()
+    await world.reconcile()
+    await world.settle()
+    assert world.woken == []
+
+
+class StatusEchoFirst(FakeKube):
+    """An API server whose model watch delivers a status write's event before it answers
+    the write, with, if a test says so, a user's edit landing in between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meanwhile: Callable[[], None] | None = None
+
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Obj, resource_version: str | None = None
+    ) -> Obj:
+        answer = await super().patch_status(kind, namespace, name, status, resource_version)
+        await self.delivered()
+        if self.meanwhile is not None:
+            self.meanwhile()
+            await self.delivered()
+        return answer
+
+
+async def test_the_echo_of_a_status_write_wakes_nobody_but_an_edit_during_it_does() -> None:
+    # Pools at zero replicas and no router: each status write is due at once (there is no
+    # rollout to wait for) and no controller has news of a child.
+    idle = load_example("minimal")
+    idle["spec"] |= {
+        "prefill": {"replicas": 0},
+        "decode": {"replicas": 0},
+        "router": {"enabled": False},
+    }
+    world = World(idle, kube=StatusEchoFirst())
+    await world.settle()
+    world.woken.clear()  # the model's creation
+    await world.reconcile()
+    await world.settle()
+    assert world.model()["status"]["observedGeneration"] == 1
+    assert world.woken == []  # the status write's echo arrived before its answer
+    assert isinstance(world.kube, StatusEchoFirst)
+    world.kube.meanwhile = lambda: world.edit({"decode": {"maxNumSeqs": 64}})
+    world.edit({"decode": {"maxNumSeqs": 32}})
+    await world.settle()
+    world.woken.clear()
+    await world.reconcile()
+    world.kube.meanwhile = None
+    await world.settle()
+    assert world.woken == [(NS, NAME)]  # the edit that landed during the status write
+    world.woken.clear()
+    await world.reconcile()
+    await world.settle()
+    assert world.model()["status"]["observedGeneration"] == 3
+    assert world.woken == []
 
 
 async def test_a_pass_reads_its_model_as_the_watch_delivered_it() -> None:

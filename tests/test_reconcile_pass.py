@@ -83,7 +83,10 @@ class World:
             optional=OPTIONAL_KINDS,
             views=WAKE_VIEWS,
         )
-        self.models = ModelStore(self.kube)  # type: ignore[arg-type]
+        self.models = ModelStore(
+            self.kube,  # type: ignore[arg-type]
+            on_change=lambda namespace, model: self.woken.append((namespace, model)),
+        )
         self._watching: list[asyncio.Task[None]] = []
         recorder = EventRecorder(self.kube, clock=self.clock)  # type: ignore[arg-type]
         self.reconciler = Reconciler(

@@ -56,6 +56,8 @@ class _Write:
     done: bool = False
     answered: int | None = None
     """The version the write answered (None: a deletion, or not a number)."""
+    answer: _Entry | None = None
+    """What the write answered, as stored."""
     deleted: bool = False
 
 
@@ -160,7 +162,9 @@ class ChildCache:
     def writing(self, kind: str, namespace: str, name: str) -> Iterator[None]:
         """Around a pass's write of one object: what the watch delivers for it meanwhile is
         kept without waking its model (the pass knows what it wrote); something newer than
-        what the write answered, or anything at all when the write failed, still does."""
+        what the write answered that a pass reads differently (a controller only reporting on
+        a child it just created is not that), or anything at all when the write failed,
+        still does."""
         key = (kind, namespace, name)
         write = self._writing[key] = _Write()
         try:
@@ -177,7 +181,16 @@ class ChildCache:
             return True
         if entry is None:
             return False
-        return write.answered is None or entry.version is None or entry.version > write.answered
+        if write.answered is None or entry.version is None:
+            return True
+        if entry.version <= write.answered:
+            return False
+        answer = write.answer
+        return (
+            answer is None
+            or entry.view is None
+            or (entry.view, entry.model) != (answer.view, answer.model)
+        )
 
     def record(self, obj: Obj) -> None:
         """An object as the API server answered a write of it (newer than what is here)."""
@@ -185,7 +198,7 @@ class ChildCache:
         key = _key(obj)
         write = self._writing.get(key)
         if write is not None:
-            write.done, write.answered = True, entry.version
+            write.done, write.answered, write.answer = True, entry.version, entry
         self._store(key, entry)
 
     def forget(self, kind: str, namespace: str, name: str) -> None:

@@ -139,22 +139,23 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
         metrics = OperatorMetrics()
         client = await KubeClient.connect(config.kubeconfig, on_write=metrics.count_write)
 
-        def on_child_change(namespace: str, model: str) -> None:
+        def wake(namespace: str, model: str) -> None:
             runtime.enqueue((namespace, model))
 
         cache = ChildCache(
             client,
             WATCHED_KINDS,
-            on_child_change,
+            wake,
             namespaces=config.namespaces or (None,),
             optional=OPTIONAL_KINDS,
             views=WAKE_VIEWS,
         )
+        models = ModelStore(client, on_change=wake)
         runtime = Runtime(
             config=config,
             client=client,
             cache=cache,
-            reconciler=Reconciler(client, EventRecorder(client), cache, ModelStore(client)),
+            reconciler=Reconciler(client, EventRecorder(client), cache, models),
             metrics=metrics,
         )
         runtime.tasks.append(asyncio.create_task(cache.run(), name="child watches"))

@@ -365,10 +365,12 @@ class Reconciler:
         if not worth_writing(patch):
             return outcome
         try:
-            written = await self.client.patch_status(
-                "DisaggregatedModel", meta["namespace"], meta["name"], patch,  # type: ignore[arg-type]
-                resource_version=meta.get("resourceVersion"),
-            )  # fmt: skip
+            with self.models.writing(meta["namespace"], meta["name"]):
+                written = await self.client.patch_status(
+                    "DisaggregatedModel", meta["namespace"], meta["name"], patch,  # type: ignore[arg-type]
+                    resource_version=meta.get("resourceVersion"),
+                )  # fmt: skip
+                self.models.record(written)
         except KubeError as error:
             if error.status == 404:
                 self.models.drop(meta["namespace"], meta["name"])
@@ -377,5 +379,4 @@ class Reconciler:
                 raise
             self.models.drop(meta["namespace"], meta["name"])  # read it afresh next pass
             return replace(outcome, conflict=True)
-        self.models.record(written)
         return replace(outcome, status_written=True)
