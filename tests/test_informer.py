@@ -16,7 +16,7 @@ from disagg.naming import MANAGER, labels
 from disagg.reconcile.children import OPTIONAL_KINDS, WAKE_VIEWS, WATCHED_KINDS
 from fakekube import FakeKube
 from test_control_loops import until
-from test_reconcile_pass import NAME, NS, World
+from test_reconcile_pass import NAME, NS, World, idle_model
 
 Obj = dict[str, Any]
 
@@ -327,15 +327,7 @@ class StatusEchoFirst(FakeKube):
 
 
 async def test_the_echo_of_a_status_write_wakes_nobody_but_an_edit_during_it_does() -> None:
-    # Pools at zero replicas and no router: each status write is due at once (there is no
-    # rollout to wait for) and no controller has news of a child.
-    idle = load_example("minimal")
-    idle["spec"] |= {
-        "prefill": {"replicas": 0},
-        "decode": {"replicas": 0},
-        "router": {"enabled": False},
-    }
-    world = World(idle, kube=StatusEchoFirst())
+    world = World(idle_model(), kube=StatusEchoFirst())
     await world.settle()
     world.woken.clear()  # the model's creation
     await world.reconcile()

@@ -455,14 +455,20 @@ async def test_a_new_models_status_waits_for_the_deployment_controller_and_is_wr
     ]
 
 
-async def test_a_model_scaled_to_zero_writes_its_status_at_once_and_only_once() -> None:
+def idle_model() -> Obj:
+    """The minimal model with both pools at zero replicas and no router: nothing to roll
+    out, so its status is written at once, and no controller has news of a child."""
     manifest = load_example("minimal")
     manifest["spec"] |= {
         "prefill": {"replicas": 0},
         "decode": {"replicas": 0},
         "router": {"enabled": False},
     }
-    world = World(manifest)
+    return manifest
+
+
+async def test_a_model_scaled_to_zero_writes_its_status_at_once_and_only_once() -> None:
+    world = World(idle_model())
     await world.settle()
     outcome = await world.reconciler.reconcile(NS, NAME)
     # The Deployment controller has yet to observe either pool; nothing it does starts a pod.
