@@ -75,17 +75,17 @@ class World:
         self.prometheus = ScriptedPrometheus("http://prometheus:9090")
         self.prometheus.clock = self.clock
         self.woken: list[tuple[str, str]] = []
-        """The models the cache's watches enqueued, in order."""
+        """The models the watches enqueued, in order."""
         self.cache = ChildCache(
             self.kube,  # type: ignore[arg-type]
             WATCHED_KINDS,
-            lambda namespace, model: self.woken.append((namespace, model)),
+            self._wake,
             optional=OPTIONAL_KINDS,
             views=WAKE_VIEWS,
         )
         self.models = ModelStore(
             self.kube,  # type: ignore[arg-type]
-            on_change=lambda namespace, model: self.woken.append((namespace, model)),
+            on_change=self._wake,
         )
         self._watching: list[asyncio.Task[None]] = []
         recorder = EventRecorder(self.kube, clock=self.clock)  # type: ignore[arg-type]
@@ -100,6 +100,9 @@ class World:
         body = copy.deepcopy(manifest)
         body["metadata"] |= {"namespace": NS, "uid": "model-uid", "generation": 1}
         self.kube.put(body)
+
+    def _wake(self, namespace: str, model: str) -> None:
+        self.woken.append((namespace, model))
 
     async def settle(self) -> None:
         """Start the watches if they are not running (the cache's, and the models' as kopf

@@ -91,13 +91,7 @@ class ModelStore:
         finally:
             del self._writing[key]
             kept = self._bodies.get(key)
-            changed = (
-                not write.done
-                or kept is None
-                or kept[0] is None
-                or write.answered is None
-                or kept[0] > write.answered
-            )
+            changed = not write.done or kept is None or newer(kept[0], write.answered)
             if write.held and changed and self._on_change is not None:
                 self._on_change(namespace, name)
 
