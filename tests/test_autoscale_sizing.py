@@ -69,6 +69,23 @@ def test_trend_extrapolates_a_steady_rise_and_ignores_flat_or_falling_demand() -
     assert 1.5 < sizing.trend(explosive, 120) <= sizing.GROWTH_CAP
 
 
+def test_a_rise_that_slows_toward_its_peak_is_not_extrapolated_at_full_pace() -> None:
+    # A daily peak: arrivals climb a sine toward 12 req/s at t = 900 s. Four minutes before
+    # it each two minutes rise less than the two before; the next two add 0.4 req/s, not
+    # the 0.6 the newer slope alone would. Extrapolating that slope is what orders a replica
+    # for a peak that never comes.
+    def arrivals(t: float) -> float:
+        return 6 + 6 * math.sin(math.pi / 2 * t / 900)
+
+    now = 660
+    seen = [(float(t), arrivals(t)) for t in range(now - 240, now + 1, 15)]
+    ahead = arrivals(now + 120) / arrivals(now)
+    assert sizing.trend(seen, 120) == pytest.approx(ahead, abs=0.01)
+    # A ramp that keeps its pace keeps its full extrapolation (the rising case above).
+    ramp = [(float(t), 10 + 0.05 * t) for t in range(0, 241, 15)]
+    assert sizing.trend(ramp, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
+
+
 def test_noise_headroom_shrinks_with_the_evidence() -> None:
     assert sizing.noise(100) == pytest.approx(1.1)
     assert sizing.noise(10_000) == pytest.approx(1.01)

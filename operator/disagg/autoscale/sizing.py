@@ -207,8 +207,10 @@ def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
     A trend is a rise seen in both of the last two delays: the newer delay's slope is
     extrapolated in the proportion the older one rose as fast (relative to its level). A
     step (flat, then a jump) has no trend: extrapolating the jump would order replicas for a
-    rise that already ended, and the load estimate sees the new level anyway. Fitting whole
-    delays, not the last few samples, keeps the rate estimate's own noise out of it."""
+    rise that already ended, and the load estimate sees the new level anyway. A rise that
+    slows (the newer slope under the older, as toward a daily peak) is expected to slow as
+    much again over the next delay; a steady ramp keeps its slope. Fitting whole delays, not
+    the last few samples, keeps the rate estimate's own noise out of it."""
     if not demand:
         return 1.0
     now = demand[-1][0]
@@ -222,8 +224,9 @@ def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
         return 1.0
     (old_slope, old_mean, _), (slope, mean, mean_t) = older, newer
     sustained = min(1.0, (old_slope / old_mean) / (slope / mean))
+    slowing = min(1.0, slope / old_slope)
     level = mean + slope * (now - mean_t)  # the newer line, now
-    return max(1.0, min(GROWTH_CAP, 1 + sustained * slope * delay / level))
+    return max(1.0, min(GROWTH_CAP, 1 + sustained * slowing * slope * delay / level))
 
 
 def headroom(
