@@ -127,6 +127,24 @@ def test_a_scale_down_undone_within_five_minutes_lengthens_the_look_back() -> No
     assert fresh.down_window == 0
 
 
+def test_a_burst_that_returns_is_held_for_as_long_as_it_took_to_return() -> None:
+    # Bursts 11 minutes apart: the pool grew for one, shrank 9 minutes later and the next
+    # burst undid that. Doubling the 5-minute look-back would shrink it 10 minutes after
+    # this burst, just before the one after; it now holds for the 11 minutes the load took
+    # to return plus the two a new replica takes to serve.
+    memory = PoolMemory(provisioning=120.0)
+    memory.scaled(NOW, up=True, configured=300)
+    memory.scaled(NOW + 540, up=False, configured=300)
+    memory.scaled(NOW + 660, up=True, configured=300)
+    assert memory.down_window == 660 + 120
+    # Never past 4x the configured window.
+    memory.scaled(NOW + 700, up=False, configured=300)
+    memory.scaled(NOW + 1800, up=True, configured=300)
+    memory.scaled(NOW + 1900, up=False, configured=300)
+    memory.scaled(NOW + 2000, up=True, configured=300)
+    assert memory.down_window == 1200
+
+
 def test_decode_is_sized_from_sequences_against_its_kv_cache() -> None:
     # 2 replicas hold 300 sequences at 95% KV usage: a replica holds ~134 at the 85% target.
     signals = Signals(

@@ -101,6 +101,9 @@ class PoolMemory:
     drains: finished requests minus this is what arrived."""
     last_down: float | None = None
     """When the pool was last scaled down."""
+    last_up: float | None = None
+    """When the pool was last scaled up: a flap's scale-up minus this is how long the load
+    took to come back."""
     down_window: float = 0.0
     """The scale-down look-back learned from flaps: longer than the spec's when load that
     was scaled away came back within FLAP_SECONDS."""
@@ -136,13 +139,20 @@ class PoolMemory:
         return max(0.0, self.queue_change)
 
     def scaled(self, now: float, up: bool, configured: float) -> None:
-        """Note a resize; a scale-up soon after a scale-down doubles the look-back."""
+        """Note a resize. A scale-up soon after a scale-down (a flap) lengthens the look-back:
+        to twice what it was, and at least to how long the load took to come back (from the
+        scale-up before) plus one provisioning delay, so the pool is still there when it
+        returns as late again."""
         if not up:
             self.last_down = now
-        elif self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
-            base = max(configured, self.down_window)
-            self.down_window = min(MAX_DOWN_WINDOW_FACTOR * configured, 2 * base)
+            return
+        if self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
+            learned = 2 * max(configured, self.down_window)
+            if self.last_up is not None:
+                learned = max(learned, now - self.last_up + self.provisioning)
+            self.down_window = min(MAX_DOWN_WINDOW_FACTOR * configured, learned)
             self.last_down = None
+        self.last_up = now
 
     def window_max(self, now: float, window: float) -> int | None:
         """The largest sustained recommendation of the last ``window`` seconds; None until
