@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from disagg.autoscale.load import coming_backlog
+from disagg.autoscale.load import coming_backlog, pool_demand
 from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
 
 NOW = 50_000.0
@@ -248,6 +248,38 @@ def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:
     # As soon as the look-back covers the window, straight to what the arrivals need: the
     # backlog's share of the window's recommendations is not load that comes back.
     assert downs and downs[0][0] <= 15 and downs[0][2] <= 2, downs
+
+
+def test_a_drained_backlog_still_in_the_engines_rate_window_is_not_load_that_stays() -> None:
+    # 20 req/s arrive; 10 replicas drain a backlog of 3000 prompts at 10 more per second,
+    # so engines finish 30 req/s until it is gone. Their rate, an average over the window,
+    # still reads above 20 for a window after that. What arrived is what they finished
+    # plus what the queue grew by over the same window: 20 req/s, three replicas' worth,
+    # as soon as the scale-down cooldown allows (the engines' count alone held four for
+    # the whole look-back).
+    memory, replicas, downs, last_scale = PoolMemory(prefill_speed=10_000), 10, [], NOW - 1000
+    for step in range(-20, 41):
+        t = NOW + 15 * step
+        since_empty = 15.0 * step
+        finished = 30.0 if step < 0 else 20 + 10 * max(0.0, RULES.window - since_empty) / 60
+        queue = max(0.0, -150.0 * step)
+        signals = prefill(9.0 if step < 0 else 0.3, finished, at=t, queue=queue)
+        decision = decide_pool(
+            "prefill", signals, replicas, replicas, PREFILL, RULES, memory, last_scale, t
+        )
+        if decision.action != "hold":
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas, last_scale = decision.desired, t
+    assert downs == [(0.0, 10, 4), (RULES.down_cooldown, 4, 3)], downs
+
+
+def test_the_prefill_trend_follows_arrivals_not_a_draining_backlog() -> None:
+    # Engines finish 30 req/s of 1000-token prompts while the queue shrinks by 10 a second:
+    # 20 req/s arrive. A trend fitted to the 30 would extrapolate the drain.
+    draining = prefill(9.0, 30.0, queue=100.0)
+    assert pool_demand("prefill", draining, 0.0, -10.0) == pytest.approx(20_000)
+    # A growing queue adds what the engines have not reached yet.
+    assert pool_demand("prefill", draining, 5.0, 5.0) == pytest.approx(35_000)
 
 
 def test_replicas_already_starting_that_will_drain_a_decode_backlog_are_not_ordered_again() -> None:

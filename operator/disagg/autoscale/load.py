@@ -96,8 +96,9 @@ def feed_forward(
         n = sizing.prefill_replicas(arrivals, service, budgets, limit)
         margin = sizing.noise(events, sizes)
         keep = prefill_floor(arrivals, service, budgets, limit, margin)
-        # While a backlog drains the engines finish more than arrives.
-        seen = max(0.0, rate + memory.queue_change) * headroom
+        # While a backlog drains the engines finish more than arrives: what arrived over the
+        # rate window is what they finished in it plus what the queue grew by in it.
+        seen = max(0.0, rate + memory.window_queue_change) * headroom
         sustained = prefill_floor(seen, service, budgets, limit, margin)
         waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         why = (
@@ -275,13 +276,18 @@ def learn(
     )
 
 
-def pool_demand(pool: PoolName, signals: Signals, growing: float) -> float | None:
+def pool_demand(
+    pool: PoolName, signals: Signals, growing: float, window_change: float
+) -> float | None:
     """What a pool's headroom trend follows: prompt tokens per second reaching a prefill pool
     (a wave of long prompts moves it at a constant request rate), sequences a decode pool
-    holds."""
+    holds. Prompts reaching the pool are those its engines finished over the rate window
+    plus what the queue grew by in the same window (``window_change``, requests per second):
+    the engines' count alone rises while a backlog drains, and a trend fitted to that would
+    extrapolate the drain."""
     if pool == "decode":
         return None if signals.running is None else decode_sequences(signals, growing)
     rate, tokens = signals.request_rate, signals.prompt_tokens_rate
     if not rate or tokens is None:
         return rate
-    return tokens + growing * tokens / rate
+    return max(0.0, tokens * (1 + window_change / rate))

@@ -98,7 +98,12 @@ class PoolMemory:
     """(time, waiting requests) at the previous evaluation: how fast the backlog grows."""
     queue_change: float = 0.0
     """Waiting requests per second since the previous evaluation, negative while a backlog
-    drains: finished requests minus this is what arrived."""
+    drains."""
+    queues: list[tuple[float, float]] = field(default_factory=list)
+    """(time, waiting requests) over the last rate window."""
+    window_queue_change: float = 0.0
+    """Waiting requests per second over the rate window: the engines' finished requests
+    (counted over the same window) plus this is what arrived in it."""
     last_down: float | None = None
     """When the pool was last scaled down."""
     last_up: float | None = None
@@ -128,9 +133,15 @@ class PoolMemory:
             self.starting_since = None
             self.ready_at = now
 
-    def queue_growth(self, now: float, queue: float | None) -> float:
+    def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;
-        ``queue_change`` keeps the sign)."""
+        ``queue_change`` keeps the sign, ``window_queue_change`` the same over ``window``)."""
+        self.queues.append((now, queue or 0.0))
+        # Keep the newest sample at least a window old: the change is measured from it.
+        while len(self.queues) > 1 and now - self.queues[1][0] >= window:
+            self.queues.pop(0)
+        start, oldest = self.queues[0]
+        self.window_queue_change = ((queue or 0.0) - oldest) / (now - start) if now > start else 0.0
         previous, self.last_queue = self.last_queue, (now, queue or 0.0)
         if previous is None or now <= previous[0]:
             self.queue_change = 0.0

@@ -166,8 +166,10 @@ def decide_pool(
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
     since = math.inf if last_scale is None else now - last_scale
-    growing = memory.queue_growth(signals.sampled_at, signals.queue)
-    memory.track(now, pool_demand(pool, signals, growing), current, ready)
+    growing = memory.queue_growth(signals.sampled_at, signals.queue, behavior.window)
+    memory.track(
+        now, pool_demand(pool, signals, growing, memory.window_queue_change), current, ready
+    )
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
     # Per-replica load is measured on the replicas that serve: starting ones carry none yet.
     replicas = max(1, min(current, ready))
