@@ -282,6 +282,21 @@ def test_the_prefill_trend_follows_arrivals_not_a_draining_backlog() -> None:
     assert pool_demand("prefill", draining, 5.0, 5.0) == pytest.approx(35_000)
 
 
+def test_the_queue_change_over_the_window_is_measured_from_a_sample_a_window_old() -> None:
+    memory = PoolMemory()
+    for step, queue in enumerate((100.0, 90.0, 60.0, 30.0, 0.0, 0.0)):
+        memory.queue_growth(NOW + 15 * step, queue, 60)
+    # 60 s ago the queue held 90: it fell by 1.5 a second over the window, though it did not
+    # move since the last sample.
+    assert memory.window_queue_change == pytest.approx(-1.5)
+    assert memory.queue_change == 0.0
+    # A clock that jumps back measures from the new sample on, not from the future.
+    memory.queue_growth(NOW, 10.0, 60)
+    assert memory.window_queue_change == 0.0
+    memory.queue_growth(NOW + 15, 40.0, 60)
+    assert memory.window_queue_change == pytest.approx(2.0)
+
+
 def test_replicas_already_starting_that_will_drain_a_decode_backlog_are_not_ordered_again() -> None:
     # One ready replica holds 200 sequences of 25 s (its KV cache full: 170 each at the
     # target) with 600 waiting, 3 more per second; the replicas ordered 90 s ago serve in 30 s.

@@ -136,6 +136,8 @@ class PoolMemory:
     def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;
         ``queue_change`` keeps the sign, ``window_queue_change`` the same over ``window``)."""
+        # A sample from the future is a clock that jumped back: measure from here on.
+        self.queues = [sample for sample in self.queues if sample[0] < now]
         self.queues.append((now, queue or 0.0))
         # Keep the newest sample at least a window old: the change is measured from it.
         while len(self.queues) > 1 and now - self.queues[1][0] >= window:
