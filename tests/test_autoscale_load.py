@@ -261,7 +261,9 @@ def test_a_drained_backlog_still_in_the_engines_rate_window_is_not_load_that_sta
     for step in range(-20, 41):
         t = NOW + 15 * step
         since_empty = 15.0 * step
-        finished = 30.0 if step < 0 else 20 + 10 * max(0.0, RULES.window - since_empty) / 60
+        finished = (
+            30.0 if step < 0 else 20 + 10 * max(0.0, RULES.window - since_empty) / RULES.window
+        )
         queue = max(0.0, -150.0 * step)
         signals = prefill(9.0 if step < 0 else 0.3, finished, at=t, queue=queue)
         decision = decide_pool(
