@@ -94,13 +94,12 @@ class PoolMemory:
     starting_since: float | None = None
     ready_at: float | None = None
     """When the replicas of the last scale-up all became ready."""
-    last_queue: tuple[float, float] | None = None
-    """(time, waiting requests) at the previous evaluation: how fast the backlog grows."""
+    queues: list[tuple[float, float]] = field(default_factory=list)
+    """(time, waiting requests) of each evaluation over the last rate window (and always the
+    previous one): how fast the backlog grows."""
     queue_change: float = 0.0
     """Waiting requests per second since the previous evaluation, negative while a backlog
     drains."""
-    queues: list[tuple[float, float]] = field(default_factory=list)
-    """(time, waiting requests) over the last rate window."""
     window_queue_change: float = 0.0
     """Waiting requests per second over the rate window: the engines' finished requests
     (counted over the same window) plus this is what arrived in it."""
@@ -136,19 +135,21 @@ class PoolMemory:
     def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;
         ``queue_change`` keeps the sign, ``window_queue_change`` the same over ``window``)."""
+        waiting = queue or 0.0
+        previous = self.queues[-1] if self.queues else None
+        if previous is None or now <= previous[0]:
+            self.queue_change = 0.0
+        else:
+            self.queue_change = (waiting - previous[1]) / (now - previous[0])
         # A sample from the future is a clock that jumped back: measure from here on.
         self.queues = [sample for sample in self.queues if sample[0] < now]
-        self.queues.append((now, queue or 0.0))
-        # Keep the newest sample at least a window old: the change is measured from it.
+        self.queues.append((now, waiting))
+        # Keep the newest sample at least a window old: the change is measured from it (the
+        # window is never shorter than an evaluation interval, so the previous one stays).
         while len(self.queues) > 1 and now - self.queues[1][0] >= window:
             self.queues.pop(0)
         start, oldest = self.queues[0]
-        self.window_queue_change = ((queue or 0.0) - oldest) / (now - start) if now > start else 0.0
-        previous, self.last_queue = self.last_queue, (now, queue or 0.0)
-        if previous is None or now <= previous[0]:
-            self.queue_change = 0.0
-            return 0.0
-        self.queue_change = ((queue or 0.0) - previous[1]) / (now - previous[0])
+        self.window_queue_change = (waiting - oldest) / (now - start) if now > start else 0.0
         return max(0.0, self.queue_change)
 
     def scaled(self, now: float, up: bool, configured: float) -> None:
