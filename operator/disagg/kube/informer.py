@@ -49,15 +49,13 @@ class _Entry:
 @dataclass(slots=True)
 class _Write:
     """A write of one object under way: whether its watch delivered anything meanwhile
-    (held back: most likely the write's own echo), and the version the write answered."""
+    (held back: most likely the write's own echo), and what the write answered."""
 
     held: str | None = None
     """The model of what the watch delivered, if it did."""
     done: bool = False
-    answered: int | None = None
-    """The version the write answered (None: a deletion, or not a number)."""
     answer: _Entry | None = None
-    """What the write answered, as stored."""
+    """What the write answered, as stored (None: a deletion)."""
     deleted: bool = False
 
 
@@ -181,16 +179,12 @@ class ChildCache:
             return True
         if entry is None:
             return False
-        if write.answered is None or entry.version is None:
-            return True
-        if entry.version <= write.answered:
-            return False
         answer = write.answer
-        return (
-            answer is None
-            or entry.view is None
-            or (entry.view, entry.model) != (answer.view, answer.model)
-        )
+        if answer is None or answer.version is None or entry.version is None:
+            return True
+        if entry.version <= answer.version:
+            return False
+        return entry.view is None or (entry.view, entry.model) != (answer.view, answer.model)
 
     def record(self, obj: Obj) -> None:
         """An object as the API server answered a write of it (newer than what is here)."""
@@ -198,7 +192,7 @@ class ChildCache:
         key = _key(obj)
         write = self._writing.get(key)
         if write is not None:
-            write.done, write.answered, write.answer = True, entry.version, entry
+            write.done, write.answer = True, entry
         self._store(key, entry)
 
     def forget(self, kind: str, namespace: str, name: str) -> None:
