@@ -44,6 +44,7 @@ from disagg.sim import baselines as baseline_search
 from disagg.sim.fleet import simulate
 from disagg.sim.results import Result, flaps, latencies, percentile
 from disagg.sim.scenario import Scenario, build, requests_for
+from disagg.sim.simulate import check
 from disagg.sim.traffic import Request, load_trace
 
 BASE = Scenario(
@@ -249,13 +250,20 @@ def main() -> int:
     parser.add_argument("--ttft", type=float, default=2.0, help="with --trace: TTFT SLO, s")
     parser.add_argument("--tpot", type=float, default=0.05, help="with --trace: TPOT SLO, s")
     args = parser.parse_args()
+    if args.seeds < 1:
+        return _error("--seeds must be at least 1")
     work: list[tuple[str, str, Scenario, list[Request]]] = []
     if args.trace is not None:
-        requests = load_trace(args.trace)
+        try:
+            requests = load_trace(args.trace)
+        except (ValueError, OSError) as error:
+            return _error(str(error))
+        if len(requests) < 2 or requests[-1].arrival <= 0:
+            return _error(f"{args.trace}: needs at least two requests at different times")
         scenario = Scenario(
             model=args.model, gpu=args.gpu, network=args.network, prefill_tp=args.prefill_tp,
             decode_tp=args.decode_tp, max_replicas=args.max_replicas, ttft=args.ttft,
-            tpot=args.tpot, duration=requests[-1].arrival if requests else 0.0,
+            tpot=args.tpot, duration=requests[-1].arrival,
         )  # fmt: skip
         work.append((args.trace.name, "trace", scenario, requests))
     else:
@@ -266,11 +274,26 @@ def main() -> int:
                 scenario, requests = traces.GENERATORS[kind_name](seed)
                 work.append((f"{kind_name}/seed {seed}", kind, scenario, requests))
     if args.only:
-        work = [w for w in work if any(w[0].split("/")[0] == o for o in args.only)]
+        known = sorted({name.split("/")[0] for name, *_ in work})
+        unknown = [o for o in args.only if o not in known]
+        if unknown:
+            return _error(f"--only {', '.join(unknown)}: not a scenario; known: {', '.join(known)}")
+        work = [w for w in work if w[0].split("/")[0] in args.only]
+    work = [
+        (name, kind, dataclasses.replace(scenario, provisioning_delay=args.provisioning_delay), r)
+        for name, kind, scenario, r in work
+    ]
+    for _, _, scenario, _ in work[:1]:  # the flags are the same for every scenario
+        problems = check(scenario)
+        try:
+            build(scenario)
+        except KeyError as error:
+            problems.append(str(error.args[0]))
+        if problems:
+            return _error("; ".join(problems))
     report = []
     with ProcessPoolExecutor(max_workers=2) as executor:
         for name, kind, scenario, requests in work:
-            scenario = dataclasses.replace(scenario, provisioning_delay=args.provisioning_delay)
             entry = evaluate(name, kind, scenario, requests, executor)
             report.append(entry)
             if not args.json:
@@ -282,6 +305,11 @@ def main() -> int:
         met = sum(all(e["checks"].values()) for e in report)
         print(f"\n{met} of {len(report)} scenarios meet every target")
     return 0
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

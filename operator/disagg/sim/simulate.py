@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -73,11 +74,14 @@ def check(scenario: Scenario) -> list[str]:
     if scenario.max_num_seqs < 1:
         problems.append("--max-num-seqs must be at least 1")
     for name in ("prefill_replicas", "decode_replicas", "provisioning_delay"):
-        if getattr(scenario, name) < 0:
+        if not getattr(scenario, name) >= 0:  # NaN too
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("rate", "duration", "interval", "ttft", "tpot"):
         if not getattr(scenario, name) > 0:
             problems.append(f"--{name} must be greater than zero")
+    for name in ("rate", "duration", "interval", "provisioning_delay"):
+        if math.isinf(getattr(scenario, name)):
+            problems.append(f"--{name.replace('_', '-')} must be finite")
     return problems
 
 
@@ -126,7 +130,10 @@ def _requests(args: argparse.Namespace, scenario: Scenario) -> list[Request]:
         return requests_for(scenario)
     if not args.trace.exists():
         raise ValueError(f"{args.trace}: no such file")
-    return load_trace(args.trace)
+    requests = load_trace(args.trace)
+    if not requests:
+        raise ValueError(f"{args.trace}: no requests in it")
+    return requests
 
 
 SYNTHETIC_ONLY = frozenset({"workload", "rate", "duration", "shape", "seed"})

@@ -115,35 +115,53 @@ def load_trace(path: Path) -> list[Request]:
     """A user's trace: CSV (arrival,input_tokens,output_tokens) or JSONL with those keys.
 
     Arrival is seconds (``arrival`` or ``arrival_s``), or milliseconds under ``timestamp`` as
-    in Mooncake's traces (with ``input_length``/``output_length``). Raises ValueError naming
-    the line of the first bad row.
+    in Mooncake's traces (with ``input_length``/``output_length``); it is rebased so the
+    first request arrives at 0. Raises ValueError naming the file and the first bad row
+    (a CSV's rows count from 1 after its header, a JSONL's are its lines).
     """
-    rows: Iterator[dict[str, str]]
-    text = path.read_text()
-    if path.suffix == ".jsonl":
-        rows = (json.loads(line) for line in text.splitlines() if line.strip())
-    else:
-        rows = csv.DictReader(text.splitlines())
-    requests = []
-    for number, row in enumerate(rows, start=1):
-        try:
-            if "timestamp" in row:
-                arrival = float(row["timestamp"]) / 1000
-            elif "arrival_s" in row:
-                arrival = float(row["arrival_s"])
-            else:
-                arrival = float(row["arrival"])
-            prompt = int(row.get("input_tokens") or row["input_length"])
-            output = int(row.get("output_tokens") or row["output_length"])
-        except (KeyError, ValueError, TypeError) as error:
-            raise ValueError(
-                f"{path}: row {number}: needs arrival, input_tokens, output_tokens ({error})"
-            ) from None
-        if prompt < 1 or output < 1 or arrival < 0:
-            raise ValueError(f"{path}: row {number}: token counts must be >= 1 and arrival >= 0")
-        requests.append(Request(arrival, prompt, output))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    requests = [_request(path, number, row) for number, row in _rows(path, text)]
     requests.sort(key=lambda r: r.arrival)
     if requests:
         start = requests[0].arrival
         requests = [Request(r.arrival - start, r.prompt_tokens, r.output_tokens) for r in requests]
     return requests
+
+
+def _rows(path: Path, text: str) -> Iterator[tuple[int, object]]:
+    if path.suffix != ".jsonl":
+        yield from enumerate(csv.DictReader(text.splitlines()), start=1)
+        return
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: row {number}: not JSON ({error.msg})") from None
+
+
+def _request(path: Path, number: int, row: object) -> Request:
+    try:
+        if not isinstance(row, dict):
+            raise TypeError(f"a {type(row).__name__}, not an object")
+        if "timestamp" in row:
+            arrival = float(row["timestamp"]) / 1000
+        elif "arrival_s" in row:
+            arrival = float(row["arrival_s"])
+        else:
+            arrival = float(row["arrival"])
+        prompt = int(row.get("input_tokens") or row["input_length"])
+        output = int(row.get("output_tokens") or row["output_length"])
+    except (KeyError, ValueError, TypeError, OverflowError) as error:
+        raise ValueError(
+            f"{path}: row {number}: needs arrival, input_tokens, output_tokens ({error})"
+        ) from None
+    if not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"{path}: row {number}: arrival must be a finite number >= 0")
+    if prompt < 1 or output < 1:
+        raise ValueError(f"{path}: row {number}: token counts must be >= 1")
+    return Request(arrival, prompt, output)

@@ -1,0 +1,91 @@
+"""Users' trace files: what is read from them, and one clear line for each kind of bad row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disagg.cli import main
+from disagg.sim.traffic import load_trace
+
+
+def test_epoch_and_millisecond_arrivals_are_rebased_to_the_first_request(tmp_path: Path) -> None:
+    csv_trace = tmp_path / "epoch.csv"
+    csv_trace.write_text(
+        "arrival_s,input_tokens,output_tokens\n1700000002.5,50,5\n1700000000.0,100,10\n"
+    )
+    jsonl_trace = tmp_path / "mooncake.jsonl"
+    jsonl_trace.write_text(
+        '{"timestamp": 3000, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n\n'
+        '{"timestamp": 5500, "input_length": 50, "output_length": 5, "hash_ids": [2]}\n'
+    )
+    for trace in (csv_trace, jsonl_trace):
+        requests = load_trace(trace)
+        assert [(r.arrival, r.prompt_tokens, r.output_tokens) for r in requests] == [
+            (0.0, 100, 10),
+            (2.5, 50, 5),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("nan.csv", "arrival,input_tokens,output_tokens\n0.5,100,10\nnan,100,10\n",
+         "nan.csv: row 2: arrival must be a finite number >= 0"),
+        ("inf.csv", "arrival_s,input_tokens,output_tokens\ninf,100,10\n",
+         "inf.csv: row 1: arrival must be a finite number >= 0"),
+        ("negative.csv", "arrival,input_tokens,output_tokens\n-1,100,10\n",
+         "negative.csv: row 1: arrival must be a finite number >= 0"),
+        ("zero.csv", "arrival,input_tokens,output_tokens\n1,0,10\n",
+         "zero.csv: row 1: token counts must be >= 1"),
+        ("columns.csv", "a,b\n1,2\n", "columns.csv: row 1: needs arrival, input_tokens"),
+        ("cut.jsonl", '{"arrival": 0.5, "input_tokens": 100, "output_tokens": 10}\n\n{"arrival": 1,\n',
+         "cut.jsonl: row 3: not JSON"),
+        ("list.jsonl", "[1, 2, 3]\n", "list.jsonl: row 1: needs arrival, input_tokens, output_tokens (a list"),
+        ("huge.jsonl", '{"arrival": 0, "input_tokens": Infinity, "output_tokens": 1}\n',
+         "huge.jsonl: row 1: needs arrival, input_tokens, output_tokens"),
+    ],
+)  # fmt: skip
+def test_a_bad_trace_row_is_named_in_one_line(
+    name: str, content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / name
+    trace.write_text(content)
+    assert main(["simulate", "--trace", str(trace), "--policy", "ours"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_binary_file_is_not_read_as_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "dump.csv"
+    trace.write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["simulate", "--trace", str(trace)]) == 1
+    err = capsys.readouterr().err
+    assert "dump.csv: not UTF-8 text" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--provisioning-delay", "nan"], "--provisioning-delay must be >= 0"),
+        (["--duration", "inf"], "--duration must be finite"),
+        (["--rate", "inf"], "--rate must be finite"),
+        (["--interval", "nan"], "--interval must be greater than zero"),
+    ],
+)
+def test_a_number_that_would_never_finish_is_refused(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_an_empty_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "empty.csv"
+    trace.write_text("arrival,input_tokens,output_tokens\n")
+    assert main(["simulate", "--trace", str(trace)]) == 1
+    assert "empty.csv: no requests in it" in capsys.readouterr().err
