@@ -54,6 +54,7 @@ SCENARIOS = [
 
 
 def _run(loop: Stack, scenario: Scenario) -> dict[str, Any]:
+    assert loop.router is not None, "the scenarios drive traffic through the router"
     started = time.monotonic()
     with ReplicaRecorder(loop) as timeline:
         report = None

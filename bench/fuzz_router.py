@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
 
@@ -41,7 +42,7 @@ def main() -> int:
             proc.stop()
     print(f"\n{report.requests} generated requests, seed {report.seed}, in {report.seconds:.0f} s")
     print("  statuses: " + ", ".join(f"{k}: {v}" for k, v in sorted(report.statuses.items())))
-    findings = {
+    findings: dict[str, list[Any]] = {
         "5xx": report.server_errors,
         "hangs": report.hangs,
         "errors after a 200": report.late_errors,

@@ -287,16 +287,19 @@ def run_policy(
     }
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:7.0f}"
+
+
 def _row(r: dict[str, Any], single: bool) -> str:
-    ms = lambda v: f"{v * 1000:7.0f}"  # noqa: E731
     if single:
         return (
-            f"{r['policy']:<18} {r['requests']:>5} {r['failed']:>3} | {ms(r['ttftP50'])} {ms(r['ttftP99'])} | "
-            f"{ms(r['tpotP99'])} | {r['kvGB']:7.1f} {r['hitRate']:6.1%} {r['rps']:6.2f}"
+            f"{r['policy']:<18} {r['requests']:>5} {r['failed']:>3} | {_ms(r['ttftP50'])} {_ms(r['ttftP99'])} | "
+            f"{_ms(r['tpotP99'])} | {r['kvGB']:7.1f} {r['hitRate']:6.1%} {r['rps']:6.2f}"
         )
     return (
-        f"{r['policy']:<18} {r['requests']:>5} {r['failed']:>3} | {ms(r['firstTtftP50'])} {ms(r['firstTtftP99'])} | "
-        f"{ms(r['followTtftP50'])} {ms(r['followTtftP99'])} | {ms(r['tpotP99'])} | {r['kvGB']:7.1f} "
+        f"{r['policy']:<18} {r['requests']:>5} {r['failed']:>3} | {_ms(r['firstTtftP50'])} {_ms(r['firstTtftP99'])} | "
+        f"{_ms(r['followTtftP50'])} {_ms(r['followTtftP99'])} | {_ms(r['tpotP99'])} | {r['kvGB']:7.1f} "
         f"{r['hitRate']:6.1%} {r['rps']:6.2f}  {r['paths']}"
     )
 

@@ -40,7 +40,8 @@ def _arrivals(
 ) -> list[float]:
     """Gamma inter-arrivals with coefficient of variation ``cv`` at ``peak``, thinned to
     follow ``rate(t)``."""
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.gammavariate(1 / cv**2, cv**2 / peak) if cv != 1 else rng.expovariate(peak)
         if t >= duration:
