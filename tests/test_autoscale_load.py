@@ -68,14 +68,17 @@ def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
     assert decision.action == "up", decision.reason
 
 
-def run_prefill(rate: float, replicas: int, seconds: float) -> list[tuple[float, int, int]]:
+def run_prefill(
+    rate: float, replicas: int, seconds: float, p99: float = 0.3, **extra: object
+) -> list[tuple[float, int, int]]:
     """Scale-downs of a prefill pool under steady load (1000-token prompts, 10k tokens/s)."""
     memory, downs, t = PoolMemory(prefill_speed=10_000), [], NOW
     while t < NOW + seconds:
         decision = decide_pool(
-            "prefill", prefill(0.3, rate, at=t), replicas, replicas, PREFILL, RULES, memory,
-            None, t,
+            "prefill", prefill(p99, rate, at=t, **extra), replicas, replicas, PREFILL, RULES,
+            memory, None, t,
         )  # fmt: skip
+        assert decision.action != "up", decision.reason
         if decision.action == "down":
             downs.append((t - NOW, replicas, decision.desired))
             replicas = decision.desired
@@ -93,6 +96,20 @@ def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy
     # prompts a minute: four replicas are 75% busy and meet the wait target with that
     # estimate's error on top. (Sizing the look-back for 25% more load than seen kept five.)
     assert run_prefill(30.0, 8, 900) == [(300.0, 8, 4)]
+
+
+# 1.1% of the prompts take 1.8-2 s of prefill alone: none misses a 2 s TTFT SLO alone, but
+# they hold the p99 near it whatever the pool's size.
+NEAR_SLO_PROMPTS = ((0.5, 95.0), (1.8, 98.9), (2.0, 100.0), (float("inf"), 100.0))
+
+
+def test_a_p99_held_up_by_prompts_just_under_the_slo_does_not_keep_a_pool_large() -> None:
+    # 5 req/s is half a replica's work; the slowest prompts, which may hardly wait, make it two.
+    # A 1.9 s p99 is no more than those prompts' own prefill (1.82 s at the 99th percentile)
+    # plus 10%, so it says nothing about the pool's size.
+    assert run_prefill(5.0, 4, 600, p99=1.9, prefill_buckets=NEAR_SLO_PROMPTS) == [(300.0, 4, 2)]
+    # Well over what they take alone, the same p99 is queueing: the pool holds its size.
+    assert run_prefill(5.0, 4, 600, p99=2.3, prefill_buckets=NEAR_SLO_PROMPTS) == []
 
 
 def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:

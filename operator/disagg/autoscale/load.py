@@ -251,6 +251,15 @@ def unreachable(
     return None
 
 
+def intrinsic_p99(pool: PoolName, signals: Signals, memory: PoolMemory) -> float | None:
+    """Prefill: the 99th percentile of the prompts' own prefill times (each as if computed
+    alone), seconds: a TTFT p99 no pool size brings lower. None for decode, or without a
+    histogram."""
+    if pool != "prefill":
+        return None
+    return sizing.quantile(prefill_alone(signals, memory), 0.99)
+
+
 def learn(
     pool: PoolName, signals: Signals, current: int, ready: int, since: float,
     policy: PoolPolicy, behavior: Behavior, memory: PoolMemory, band: float,

@@ -30,7 +30,9 @@ no load estimate yet. The inputs and what the policy remembers are in
   SLO; an idle pool (no requests at all) goes down to its minimum;
 * **unreachable**: prompts whose prefill alone exceeds the TTFT SLO (or a decode step that
   misses TPOT with almost nothing batched) miss at any size; they do not drive scaling, and
-  the decision says which share of requests it is and which TP degree would serve them;
+  the decision says which share of requests it is and which TP degree would serve them; a
+  TTFT p99 no more than 10% over the prompts' own prefill at the 99th percentile is not
+  the pool's doing either, and neither scales it up nor keeps it from shrinking;
 * respect min/max and the model's GPU budget; when the budget binds, the pool whose SLO is
   worse gets the GPUs first, and the decision says it was limited.
 
@@ -51,6 +53,7 @@ from disagg.autoscale.load import (
     KV_USAGE_TARGET,
     UNREACHABLE_MARK,
     feed_forward,
+    intrinsic_p99,
     learn,
     pool_demand,
     unreachable,
@@ -201,12 +204,22 @@ def decide_pool(
     if pool == "decode" and signals.running is not None and policy.max_num_seqs:
         gauges.append(signals.running / replicas / (0.9 * policy.max_num_seqs))
     slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
-    # A p99 over the SLO says nothing about the pool's size when requests that miss at any
-    # size are 1% of the traffic (they alone put it there), and describes the past just after
-    # new replicas arrived (fresh) or while a backlog drains under a load estimate.
+    # A p99 says nothing about the pool's size when requests that miss at any size are 1% of
+    # the traffic (they alone put it there), or when it is no more than the slowest prompts'
+    # own prefill (a few just under the SLO hold it there at any size); and over the SLO it
+    # describes the past just after new replicas arrived (fresh) or while a backlog drains
+    # under a load estimate.
+    intrinsic = intrinsic_p99(pool, signals, memory)
+    inherent = (
+        intrinsic is not None
+        and signals.p99 is not None
+        and signals.p99 <= intrinsic * (1 + MIN_TOLERANCE)
+    )
     draining = need is not None and signals.queue is not None and growing <= 0
-    latency_counts = (slow is None or slow[0] < UNREACHABLE_P99) and not (
-        (fresh or draining) and latency > 1 + band
+    latency_counts = (
+        (slow is None or slow[0] < UNREACHABLE_P99)
+        and not inherent
+        and not ((fresh or draining) and latency > 1 + band)
     )
     # The load estimate already holds the queue, the KV cache and the batch limits; the gauges
     # drive on their own only where there is no estimate (nothing learned yet), except a
