@@ -51,6 +51,10 @@ def test_prompts_that_miss_at_any_size_do_not_drive_scaling_and_are_reported() -
     decision = decide_pool("prefill", signals, 2, 2, PREFILL, RULES, memory, None, NOW)
     assert decision.action != "up", decision.reason
     assert decision.unreachable is not None and decision.unreachable_share > 0.01
+    # At the size the load asks for, the hold says why the p99 does not move it.
+    decision = decide_pool("prefill", signals, 1, 1, PREFILL, RULES, memory, None, NOW)
+    assert decision.reason.startswith("over the SLO, not for want of replicas (TTFT p99 4500ms")
+    assert decision.unreachable is not None
     assert "at any size" in decision.unreachable and "TP4" in decision.unreachable
     # Up to 4.9 s against 2 s (with 10% margin) needs a quarter of the time: TP16.
     assert "TP16 would serve them" in decision.unreachable
@@ -108,6 +112,11 @@ def test_a_p99_held_up_by_prompts_just_under_the_slo_does_not_keep_a_pool_large(
     # A 1.9 s p99 is no more than those prompts' own prefill (1.82 s at the 99th percentile)
     # plus 10%, so it says nothing about the pool's size.
     assert run_prefill(5.0, 4, 600, p99=1.9, prefill_buckets=NEAR_SLO_PROMPTS) == [(300.0, 4, 2)]
+    signals = prefill(1.9, 5.0, prefill_buckets=NEAR_SLO_PROMPTS)
+    decision = decide_pool(
+        "prefill", signals, 4, 4, PREFILL, RULES, PoolMemory(prefill_speed=10_000), None, NOW
+    )
+    assert "held there by the prompts' own prefill (p99 1.82s alone)" in decision.reason
     # Well over what they take alone, the same p99 is queueing: the pool holds its size.
     assert run_prefill(5.0, 4, 600, p99=2.3, prefill_buckets=NEAR_SLO_PROMPTS) == []
 

@@ -127,7 +127,7 @@ CASES = [
         "scale up",
     ),
     ("step-limit", "prefill", sig(9.0), 3, 3, PREFILL, None, None, "up", 6, "scale up"),
-    ("at-max", "prefill", sig(9.0), 8, 8, PREFILL, None, None, "hold", 8, "within SLO"),
+    ("at-max", "prefill", sig(9.0), 8, 8, PREFILL, None, None, "hold", 8, "at the maximum of 8"),
     (
         "queue-ahead",
         "prefill",
@@ -180,7 +180,7 @@ CASES = [
         2,
         "scale-up cooldown",
     ),
-    ("in-band", "decode", sig(0.052), 2, 2, DECODE, None, None, "hold", 2, "within SLO"),
+    ("in-band", "decode", sig(0.052), 2, 2, DECODE, None, None, "hold", 2, "within the SLO's 25%"),
     (
         "down-unstable",
         "prefill",

@@ -216,11 +216,9 @@ def decide_pool(
         and signals.p99 <= intrinsic * (1 + MIN_TOLERANCE)
     )
     draining = need is not None and signals.queue is not None and growing <= 0
-    latency_counts = (
-        (slow is None or slow[0] < UNREACHABLE_P99)
-        and not inherent
-        and not ((fresh or draining) and latency > 1 + band)
-    )
+    physical = (slow is not None and slow[0] >= UNREACHABLE_P99) or inherent
+    stale = (fresh or draining) and latency > 1 + band
+    latency_counts = not physical and not stale
     # The load estimate already holds the queue, the KV cache and the batch limits; the gauges
     # drive on their own only where there is no estimate (nothing learned yet), except a
     # queue that is long and still growing: work is arriving that the estimate has not seen
@@ -237,7 +235,22 @@ def decide_pool(
         if signals.p99 is not None
         else "no latency yet"
     )
+    if inherent and intrinsic is not None and latency > DOWN_HEADROOM:
+        observed += f", held there by the prompts' own prefill (p99 {intrinsic:.2f}s alone)"
     share, why_unreachable = slow if slow else (0.0, None)
+    # What a hold at this size says of the latency.
+    if latency <= 1 or (latency_counts and not breach):
+        held = "within SLO" if latency <= 1 else f"within the SLO's {band:.0%} tolerance"
+    elif physical:
+        held = "over the SLO, not for want of replicas"
+    elif stale:
+        held = (
+            "over the SLO while the backlog drains"
+            if draining
+            else "over the SLO, measured before the new replicas served"
+        )
+    else:
+        held = f"at the maximum of {current}"
 
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
@@ -292,7 +305,7 @@ def decide_pool(
     memory.remember(now, recommendation, horizon, sustained if quiet else None)
     target = memory.window_max(now, down_window)
     if recommendation >= current:
-        return decision(current, "hold", f"within SLO ({observed})")
+        return decision(current, "hold", f"{held} ({observed})")
     if since < behavior.down_cooldown:
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
     if target is None or target >= current:
