@@ -426,6 +426,26 @@ async def test_an_unreachable_ttft_is_reported_once_and_adds_no_replicas() -> No
     assert world.deployment("prefill")["spec"]["replicas"] == 2
 
 
+async def test_a_query_reporting_what_no_engine_does_holds_its_pool_and_warns_once() -> None:
+    world = World(autoscaled())
+    await world.reconcile()
+    world.pools_ready()
+    before = world.deployment("decode")["spec"]["replicas"]
+    # A kvUsage query overridden to report percent: 97 would read as the cache 97x full.
+    world.prometheus.decode = Signals(
+        p99=0.02, request_rate=5.0, queue=0.0, running=40.0, kv_usage=97.0,
+        pods_reporting=before,
+    )  # fmt: skip
+    for _ in range(3):
+        world.clock.now += 15
+        await world.reconcile()
+    assert world.deployment("decode")["spec"]["replicas"] == before
+    active = world.condition("ScalingActive")["message"]
+    assert "decode: holding: metrics invalid: kvUsage is 97, not a fraction" in active
+    warnings = world.events("MetricsInvalid")
+    assert len(warnings) == 1 and "see spec.autoscaling.queries" in warnings[0]["message"]
+
+
 async def test_a_first_pass_cut_short_before_its_status_converges_on_the_next() -> None:
     world = World(load_example("minimal"))
     world.kube.fail_next("DisaggregatedModel", "patch-status", 503)

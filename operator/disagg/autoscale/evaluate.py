@@ -25,6 +25,7 @@ from disagg.api.spec import Mode, Role
 from disagg.api.status import ObservedMetrics
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
+    INVALID_MARK,
     UNREACHABLE_MARK,
     Behavior,
     Decision,
@@ -241,6 +242,12 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
         events.append(
             {"type": "Warning", "reason": "SLOUnreachable", "message": "; ".join(unreachable)}
         )
+    # A query that reports what no engine does (a KV usage in percent) holds its pool on
+    # every evaluation: said once, until the condition no longer holds it.
+    invalid = [f"{d.pool}: {d.invalid}" for d in evaluation.decisions if d.invalid]
+    if invalid and INVALID_MARK not in str(before.get("ScalingActive", {}).get("message", "")):
+        message = "holding replicas: " + "; ".join(invalid) + " (see spec.autoscaling.queries)"
+        events.append({"type": "Warning", "reason": "MetricsInvalid", "message": message})
     return events
 
 

@@ -274,7 +274,7 @@ def learn(
             ready,
         )
         return
-    settled = current == ready and since > behavior.window
+    settled = current == ready > 0 and since > behavior.window
     if pool != "decode" or not settled or signals.p99 is None or not signals.running:
         return
     lone = signals.running / ready <= LONE_SEQUENCES

@@ -10,8 +10,9 @@ usage, running requests) catch what the load model misses, and drive alone where
 no load estimate yet. The inputs and what the policy remembers are in
 :mod:`disagg.autoscale.model`. The rules, each covered by a test:
 
-* **hold** when metrics are missing, stale, NaN, or come from fewer pods than are ready:
-  no data is never read as idle;
+* **hold** when metrics are missing, stale, NaN, or come from fewer pods than are ready
+  (no data is never read as idle), or are values no engine reports (negative, infinite, a
+  KV-cache usage over 1: :mod:`disagg.autoscale.inputs`);
 * scale **up** fast: as soon as the pool breaches (beyond a tolerance band sized from the
   histogram bucket that holds the SLO, so interpolation noise at a bucket edge cannot flap),
   by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``; while replicas of an
@@ -48,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from disagg.autoscale.inputs import accepted
 from disagg.autoscale.load import (
     DOWN_HEADROOM,
     KV_USAGE_TARGET,
@@ -69,6 +71,7 @@ from disagg.autoscale.model import (
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 __all__ = [
+    "INVALID_MARK",
     "UNREACHABLE_MARK",
     "Action",
     "Behavior",
@@ -88,6 +91,8 @@ Action = Literal["up", "down", "hold"]
 
 QUEUE_PER_REPLICA_TARGET: Final = 2.0
 MIN_TOLERANCE: Final = 0.1
+INVALID_MARK: Final = "metrics invalid"
+"""How a hold on values no engine reports begins: status and Events tell it by this."""
 UNREACHABLE_P99: Final = 0.01
 """At 1% they alone put the p99 over the SLO: latency stops driving that pool."""
 
@@ -107,6 +112,8 @@ class Decision:
     unreachable: str | None = None
     """Why some requests miss the SLO at any size, when they do (for status and an Event)."""
     unreachable_share: float = 0.0
+    invalid: str | None = None
+    """Which signal held the pool because no engine reports such a value, when one did."""
 
 
 def tolerance(slo: float, buckets: Sequence[float]) -> float:
@@ -161,6 +168,11 @@ def decide_pool(
             action,
             f"outside bounds {policy.min_replicas}..{policy.max_replicas}",
         )
+    if signals is not None:
+        signals, wrong = accepted(signals)
+        if wrong is not None:
+            reason = f"holding: {INVALID_MARK}: {wrong}"
+            return Decision(pool, current, current, "hold", reason, invalid=wrong)
     problem = _problem(signals, ready, now, behavior.stale_after)
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
@@ -334,6 +346,7 @@ def colocated(prefill: Decision, decode: Decision) -> Decision:
         pressure=max(prefill.pressure, decode.pressure),
         unreachable=unreachable or None,
         unreachable_share=max(prefill.unreachable_share, decode.unreachable_share),
+        invalid="; ".join(d.invalid for d in (prefill, decode) if d.invalid) or None,
     )
 
 

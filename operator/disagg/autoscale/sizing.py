@@ -85,6 +85,8 @@ def prefill_replicas(
     load = arrival_rate * service
     if load <= 0:
         return 0
+    if not load < limit:  # more work than the limit serves (or a rate read as nothing)
+        return limit
     reachable = sum(share for share, _ in budgets) or 1.0
     n = max(1, math.floor(load) + 1)
     while n < limit:
@@ -98,7 +100,8 @@ def decode_replicas(sequences: float, batch: float) -> int:
     """Replicas that hold ``sequences`` at ``batch`` each."""
     if sequences <= 0 or batch <= 0:
         return 0
-    return math.ceil(sequences / batch - 1e-9)
+    replicas = sequences / batch
+    return math.ceil(replicas - 1e-9) if replicas < 1e9 else 10**9
 
 
 def share_above(buckets: Buckets, threshold: float) -> float:
@@ -113,7 +116,8 @@ def share_above(buckets: Buckets, threshold: float) -> float:
             if math.isinf(bound):
                 below = lower_count
             else:
-                fraction = (threshold - lower_bound) / (bound - lower_bound)
+                width = bound - lower_bound
+                fraction = (threshold - lower_bound) / width if width > 0 else 1.0
                 below = lower_count + fraction * (count - lower_count)
             return max(0.0, 1 - below / total)
         lower_bound, lower_count = bound, count
