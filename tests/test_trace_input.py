@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,23 @@ def test_an_empty_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     trace.write_text("arrival,input_tokens,output_tokens\n")
     assert main(["simulate", "--trace", str(trace)]) == 1
     assert "empty.csv: no requests in it" in capsys.readouterr().err
+
+
+def test_a_request_no_engine_can_hold_is_refused_not_left_to_block_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One 5M-token prompt and one 2M-token answer among 600 short requests: more than one
+    # engine's KV cache holds. Waiting for room that never comes, they blocked every request
+    # behind them (296 of 635 finished); vLLM refuses them on arrival.
+    rows = [f"{i * 0.5:.3f},500,100" for i in range(600)]
+    rows += ["150.0,5000000,100", "151.0,200,2000000"]
+    trace = tmp_path / "giant.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    assert main(["simulate", "--trace", str(trace), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 602 and summary["rejected"] == 2
+    assert summary["finished"] == 600 and summary["attainment"]["both"] > 0.99
+    assert main(["simulate", "--trace", str(trace)]) == 0
+    assert "602 (600 finished, 2 refused: longer than an engine's KV cache holds)" in (
+        capsys.readouterr().out
+    )

@@ -153,6 +153,12 @@ class Fleet:
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
         """(time, prompt tokens) of every request a pool finished, in time order."""
         self.pools = pools_of(config.mode)
+        self._room = {
+            pool: kv_capacity_tokens(self._shape(pool if pool in self.pools else "decode"))
+            for pool in ("prefill", "decode")
+        }
+        """Tokens one engine's KV cache holds: a prefill engine holds the prompt, a decode
+        (or colocated) engine the prompt and the output."""
         for pool in self.pools:
             for _ in range(config.replicas[pool]):
                 self._add_engine(pool, ready_at=0.0)
@@ -296,6 +302,10 @@ class Fleet:
         self.outcomes[index] = outcome
         self._arrived.append(outcome)
         self._arrivals.append(request.arrival)
+        decode_tokens = request.prompt_tokens + request.output_tokens
+        if request.prompt_tokens > self._room["prefill"] or decode_tokens > self._room["decode"]:
+            outcome.rejected = True  # it would wait for room that never comes, and block
+            return
         if self.config.mode == "colocated":
             self._dispatch(
                 "decode",

@@ -22,6 +22,9 @@ class Outcome:
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0
+    rejected: bool = False
+    """Refused on arrival: its prompt and output are more than one engine's KV cache holds
+    (vLLM answers such a request 400, it never waits), so it missed both SLOs."""
 
     @property
     def ttft(self) -> float | None:

@@ -191,6 +191,7 @@ def summarize(scenario: Scenario, result: Result, bucket: float = 60.0) -> Summa
         "scenario": scenario.__dict__,
         "requests": len(outcomes),
         "finished": sum(1 for o in outcomes if o.tokens >= o.request.output_tokens),
+        "rejected": sum(1 for o in outcomes if o.rejected),
         "durationSeconds": round(result.duration, 1),
         "gpuHours": round(result.gpu_seconds / 3600, 3),
         "meanGpus": round(gpus, 2),

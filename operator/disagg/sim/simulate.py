@@ -169,6 +169,12 @@ def _traffic_row(s: dict[str, Any]) -> str:
     )
 
 
+def _requests_row(values: dict[str, Any]) -> str:
+    rejected = values.get("rejected", 0)
+    refused = f", {rejected} refused: longer than an engine's KV cache holds" if rejected else ""
+    return f"{values['requests']} ({values['finished']} finished{refused})"
+
+
 def table(values: dict[str, Any]) -> str:
     s, a = values["scenario"], values["attainment"]
     pools = (
@@ -184,7 +190,7 @@ def table(values: dict[str, Any]) -> str:
         ("deployment", f"{s['mode']}, {pools}, {s['model']} on {s['gpu']}, {s['network']}"),
         ("traffic", _traffic_row(s)),
         ("policy", f"{s['policy']} (provisioning delay {s['provisioning_delay']:g}s)"),
-        ("requests", f"{values['requests']} ({values['finished']} finished)"),
+        ("requests", _requests_row(values)),
         ("SLO attainment", f"{a['both']:.1%} (TTFT {a['ttft']:.1%}, TPOT {a['tpot']:.1%})"),
         ("goodput", f"{values['goodput']:.2f} req/s, {values['goodputPerGpu']:.3f} per GPU"),
         ("TTFT p50/p90/p99", ms(values["ttft"]) + " ms"),
