@@ -17,6 +17,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
+from disagg.autoscale.inputs import clean_buckets
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.queries import Signal
 
@@ -132,11 +133,10 @@ class PrometheusSource:
 
 def cumulative_buckets(by_le: dict[str, float]) -> tuple[tuple[float, float], ...]:
     """A histogram's bucket rates keyed by ``le`` as ascending (bound, rate) pairs; empty
-    when there were no observations (or a bucket label is not a number)."""
+    when a bucket label is not a number, or when :func:`clean_buckets` finds no histogram in
+    them (nothing observed, no +Inf bucket, counts that fall)."""
     try:
-        pairs = sorted((float(le), value) for le, value in by_le.items())
+        pairs = tuple((float(le), value) for le, value in by_le.items())
     except ValueError:
         return ()
-    if not pairs or pairs[-1][1] <= 0 or not math.isinf(pairs[-1][0]):
-        return ()
-    return tuple(pairs)
+    return clean_buckets(pairs)
