@@ -351,3 +351,32 @@ def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothin
     settled = PoolMemory(ready_at=NOW - 600, queues=[(NOW - 15, 280.0)])
     decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, settled, NOW - 720, NOW)
     assert decision.action == "up", decision.reason
+
+
+def watch_decode(samples: list[tuple[float, float, float]]) -> list[str]:
+    """Decisions of a one-replica decode pool over (running, completions/s, KV usage) samples
+    15 s apart, none of them queueing yet."""
+    memory, reasons = PoolMemory(), []
+    for step, (running, rate, kv) in enumerate(samples):
+        t = NOW + 15 * step
+        signals = decode(running, t, request_rate=rate, kv_usage=kv)
+        decision = decide_pool("decode", signals, 1, 1, DECODE, RULES, memory, None, t)
+        reasons.append(f"{decision.action} {decision.desired}: {decision.reason}")
+    return reasons
+
+
+def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills() -> None:
+    # Outputs quadruple: at 10 req/s sequences that lived 4 s live 9.5 s two looks later,
+    # the count rising 35 in the last 15 s. At that pace the 90 running become 370 within the
+    # two minutes a replica takes to start, past the 212 one replica holds at 85% of its
+    # KV cache, which is at 36% now: one more replica is ordered now, not once it is full.
+    longer = watch_decode([(40, 10.0, 0.15), (55, 10.0, 0.21), (90, 9.5, 0.36)])
+    assert longer[-1].startswith("up 2: scale up: load needs 2"), longer[-1]
+    assert "sequences now live 9.5s (from 4.0s), 370 of them" in longer[-1]
+    assert all(r.startswith("hold") for r in longer[:-1]), longer
+    # The same rise from more arrivals (each sequence living 4 s) is load the pool holds.
+    more = watch_decode([(40, 10.0, 0.15), (55, 13.8, 0.21), (90, 22.5, 0.36)])
+    assert all(r.startswith("hold") for r in more), more
+    # Lifetimes that jump once and fall back are noise, not longer outputs.
+    noise = watch_decode([(40, 10.0, 0.15), (70, 9.0, 0.28), (60, 10.0, 0.24), (90, 9.5, 0.36)])
+    assert all(r.startswith("hold") for r in noise), noise

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Final
 
 from disagg.autoscale import sizing
-from disagg.autoscale.model import Behavior, PoolMemory, PoolName, PoolPolicy, Signals
+from disagg.autoscale.model import (
+    LIFETIME_SAMPLES,
+    Behavior,
+    PoolMemory,
+    PoolName,
+    PoolPolicy,
+    Signals,
+)
 
 KV_USAGE_TARGET: Final = 0.85
 DOWN_HEADROOM: Final = 0.8
@@ -22,10 +29,13 @@ fits is one the next fluctuation scales back up (a flap)."""
 UNREACHABLE_REPORT: Final = 0.001
 """Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
 UNREACHABLE_MARK: Final = "at any size"
+"""Every unreachable message says so: how status tells a new finding from a repeated one."""
+LIFETIME_RISE: Final = 1.5
+"""Decode sequences living this much longer within two evaluations, their count rising at
+each: outputs are getting longer (a change of workload, not the count's own noise)."""
 LONE_SEQUENCES: Final = 2
 """Sequences per decode replica at or below which a missed TPOT is the step itself (or a
 stall), not the batch: it says nothing about how many sequences a replica holds."""
-"""Every unreachable message says so: how status tells a new finding from a repeated one."""
 
 
 @dataclass(frozen=True)
@@ -118,21 +128,53 @@ def feed_forward(
     # now holds the slots it drains into; where the trend leads is what ``steady`` sizes.
     present = arriving * sizing.noise(events)
     covered = ordered > ready and drains_in_time(signals, growing, memory, present, ordered * batch)
-    waiting = ""
+    detail = ""
     if covered and n > ordered:
         # A replica ordered now arrives after the ones already starting have drained the
         # backlog: it would serve nothing but the backlog, and find none.
         n = max(ordered, sizing.decode_replicas(steady, batch))
-        waiting = f"; the {ordered - ready} starting will drain the {signals.queue:.0f} waiting"
+        detail = f"; the {ordered - ready} starting will drain the {signals.queue:.0f} waiting"
+    longer = None if signals.queue or ordered > ready else lengthening(memory)
+    if longer is not None and n <= ordered and longer[2] > ordered * batch:
+        # Once the cache is full the queue rules take over, a minute or more after the
+        # change: one replica ordered now arrives that much sooner.
+        n = ordered + 1
+        detail = (
+            f"; sequences now live {longer[1]:.1f}s (from {longer[0]:.1f}s), "
+            f"{longer[2]:.0f} of them within one provisioning delay at this pace"
+        )
     keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
     return Need(
         n,
         f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each "
-        f"({bound}){waiting}",
+        f"({bound}){detail}",
         keep,
         sizing.decode_replicas(steady / DOWN_HEADROOM, batch),
         backlog_covered=covered,
     )
+
+
+def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
+    """(lifetime before, lifetime now, sequences one provisioning delay ahead) when a decode
+    pool's outputs are getting longer, else None.
+
+    Outputs that grow longer show first as sequences that live longer: the count rises at a
+    steady arrival rate while completions, still the shorter outputs begun earlier, slow
+    down. It keeps rising until the longer ones start finishing, and with the queue empty
+    neither the queue nor a TPOT knee says so before the KV cache is full. Both rising at
+    each of the last two evaluations, the lifetime by LIFETIME_RISE, is such a change (noise
+    moves them apart, not together); the count's latest pace, kept for one provisioning
+    delay, says how far it may go."""
+    samples = memory.lifetimes
+    if len(samples) < LIFETIME_SAMPLES:
+        return None
+    (_, first_running, first_life), (middle_at, middle_running, middle_life), last = samples[-3:]
+    now, running, life = last
+    rising = first_running < middle_running < running and first_life < middle_life < life
+    if not rising or life < LIFETIME_RISE * first_life or now <= middle_at:
+        return None
+    pace = (running - middle_running) / (now - middle_at)
+    return first_life, life, running + pace * memory.provisioning
 
 
 def drains_in_time(

@@ -21,6 +21,8 @@ FLAP_SECONDS: Final = 300.0
 MAX_DOWN_WINDOW_FACTOR: Final = 4
 HISTORY: Final = 1800.0
 """Seconds of demand history kept for the headroom trend."""
+LIFETIME_SAMPLES: Final = 3
+"""Decode lifetimes kept: a rise over two evaluations in a row is a trend, one is noise."""
 DEFAULT_PROVISIONING: Final = 120.0
 
 
@@ -103,6 +105,10 @@ class PoolMemory:
     window_queue_change: float = 0.0
     """Waiting requests per second over the rate window: the engines' finished requests
     (counted over the same window) plus this is what arrived in it."""
+    lifetimes: list[tuple[float, float, float]] = field(default_factory=list)
+    """Decode: (time, running sequences, their lifetime in seconds: running over completions
+    per second) of the last LIFETIME_SAMPLES evaluations; a lifetime that jumps is outputs
+    growing longer before the KV cache shows it."""
     last_down: float | None = None
     """When the pool was last scaled down."""
     last_up: float | None = None
@@ -131,6 +137,14 @@ class PoolMemory:
             self.provisioning = max(1.0, now - self.starting_since)
             self.starting_since = None
             self.ready_at = now
+
+    def note_lifetime(self, now: float, running: float | None, rate: float | None) -> None:
+        """Record how long a decode pool's sequences live (Little's law: running over
+        completions per second); nothing without both."""
+        self.lifetimes = [sample for sample in self.lifetimes if sample[0] < now]
+        if running and rate:
+            self.lifetimes.append((now, running, running / rate))
+            del self.lifetimes[:-LIFETIME_SAMPLES]
 
     def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;

@@ -19,7 +19,10 @@ no load estimate yet. The inputs and what the policy remembers are in
   earlier scale-up are still starting, only if the ready replicas' load needs more than that
   (a decode pool orders none when the replicas ordered drain the backlog they will find
   within one provisioning delay), and just after they arrive not for a backlog draining
-  into them;
+  into them; a decode pool whose sequences start living longer (outputs getting longer:
+  the lifetime up by half and the count rising, two evaluations running, no queue yet)
+  orders one replica as soon as that pace would outgrow it within one provisioning delay,
+  before its KV cache fills;
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
   undone within 5 minutes: bursts that come back are learned), leaving out what only a
@@ -185,6 +188,8 @@ def decide_pool(
     memory.track(
         now, pool_demand(pool, signals, growing, memory.window_queue_change), current, ready
     )
+    if pool == "decode":
+        memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
     # Per-replica load is measured on the replicas that serve: starting ones carry none yet.
     replicas = max(1, min(current, ready))
