@@ -107,6 +107,22 @@ def test_a_request_no_engine_can_hold_is_refused_not_left_to_block_the_rest(
     assert summary["requests"] == 602 and summary["rejected"] == 2
     assert summary["finished"] == 600 and summary["attainment"]["both"] > 0.99
     assert main(["simulate", "--trace", str(trace)]) == 0
-    assert "602 (600 finished, 2 refused: longer than an engine's KV cache holds)" in (
+    assert "602 (600 finished, 2 refused: longer than the model's context or an engine's KV" in (
         capsys.readouterr().out
     )
+
+
+def test_a_request_longer_than_the_models_context_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Llama-3.1 serves 131072 tokens of prompt plus output. One 8B engine's KV cache holds
+    # several times that, but vLLM refuses the request all the same: so does the simulator.
+    rows = [f"{i * 0.5:.3f},500,100" for i in range(100)]
+    rows += ["20.0,131000,72", "21.0,131000,73"]
+    trace = tmp_path / "long.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    flags = ["--model", "llama-3.1-8b", "--ttft", "60", "--json"]
+    assert main(["simulate", "--trace", str(trace), *flags]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 102 and summary["rejected"] == 1, summary
+    assert summary["finished"] == 101

@@ -28,6 +28,9 @@ class ModelProfile:
     mla_latent_dim: int | None = None
     """kv_lora_rank + qk_rope_head_dim of an MLA model (its KV is one latent per layer)."""
     aliases: tuple[str, ...] = ()
+    max_context: int = 131_072
+    """The longest prompt plus output the model serves (``max_position_embeddings``, with the
+    rope scaling its card documents): vLLM refuses a request over it with a 400."""
 
     @property
     def weight_bytes(self) -> float:
@@ -71,6 +74,7 @@ MODELS: Final[dict[str, ModelProfile]] = {
     for m in (
         ModelProfile(
             "opt-13b", 12.9e9, 12.9e9, 40, 5120, 40, 40, 128, aliases=("facebook/opt-13b",),
+            max_context=2048,
         ),
         ModelProfile(
             "llama-3.1-8b", 8.03e9, 8.03e9, 32, 4096, 32, 8, 128,
@@ -87,6 +91,7 @@ MODELS: Final[dict[str, ModelProfile]] = {
         ModelProfile(
             "deepseek-v3", 37e9, 671e9, 61, 7168, 128, 128, 128, bytes_per_param=1,
             mla_latent_dim=576, aliases=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1"),
+            max_context=163_840,
         ),
     )
 }  # fmt: skip

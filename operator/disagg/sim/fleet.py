@@ -303,7 +303,11 @@ class Fleet:
         self._arrived.append(outcome)
         self._arrivals.append(request.arrival)
         decode_tokens = request.prompt_tokens + request.output_tokens
-        if request.prompt_tokens > self._room["prefill"] or decode_tokens > self._room["decode"]:
+        if (
+            request.prompt_tokens > self._room["prefill"]
+            or decode_tokens > self._room["decode"]
+            or decode_tokens > self.config.shape.model.max_context
+        ):
             outcome.rejected = True  # it would wait for room that never comes, and block
             return
         if self.config.mode == "colocated":

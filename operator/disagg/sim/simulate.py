@@ -171,7 +171,11 @@ def _traffic_row(s: dict[str, Any]) -> str:
 
 def _requests_row(values: dict[str, Any]) -> str:
     rejected = values.get("rejected", 0)
-    refused = f", {rejected} refused: longer than an engine's KV cache holds" if rejected else ""
+    refused = (
+        f", {rejected} refused: longer than the model's context or an engine's KV cache"
+        if rejected
+        else ""
+    )
     return f"{values['requests']} ({values['finished']} finished{refused})"
 
 
