@@ -92,6 +92,14 @@ def test_an_empty_trace_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "empty.csv: no requests in it" in capsys.readouterr().err
 
 
+def short_requests_and(tmp_path: Path, rows: list[str], *long: str) -> Path:
+    """A trace of ``rows`` (``arrival_s,input_tokens,output_tokens``) with ``long`` added."""
+    trace = tmp_path / "trace.csv"
+    lines = ["arrival_s,input_tokens,output_tokens", *rows, *long]
+    trace.write_text("\n".join(lines) + "\n")
+    return trace
+
+
 def test_a_request_no_engine_can_hold_is_refused_not_left_to_block_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -99,9 +107,7 @@ def test_a_request_no_engine_can_hold_is_refused_not_left_to_block_the_rest(
     # engine's KV cache holds. Waiting for room that never comes, they blocked every request
     # behind them (296 of 635 finished); vLLM refuses them on arrival.
     rows = [f"{i * 0.5:.3f},500,100" for i in range(600)]
-    rows += ["150.0,5000000,100", "151.0,200,2000000"]
-    trace = tmp_path / "giant.csv"
-    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    trace = short_requests_and(tmp_path, rows, "150.0,5000000,100", "151.0,200,2000000")
     assert main(["simulate", "--trace", str(trace), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["requests"] == 602 and summary["rejected"] == 2
@@ -118,9 +124,7 @@ def test_a_request_longer_than_the_models_context_is_refused(
     # Llama-3.1 serves 131072 tokens of prompt plus output. One 8B engine's KV cache holds
     # several times that, but vLLM refuses the request all the same: so does the simulator.
     rows = [f"{i * 0.5:.3f},500,100" for i in range(100)]
-    rows += ["20.0,131000,72", "21.0,131000,73"]
-    trace = tmp_path / "long.csv"
-    trace.write_text("arrival_s,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    trace = short_requests_and(tmp_path, rows, "20.0,131000,72", "21.0,131000,73")
     flags = ["--model", "llama-3.1-8b", "--ttft", "60", "--json"]
     assert main(["simulate", "--trace", str(trace), *flags]) == 0
     summary = json.loads(capsys.readouterr().out)
