@@ -161,10 +161,11 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
     Outputs that grow longer show first as sequences that live longer: the count rises at a
     steady arrival rate while completions, still the shorter outputs begun earlier, slow
     down. It keeps rising until the longer ones start finishing, and with the queue empty
-    neither the queue nor a TPOT knee says so before the KV cache is full. Both rising at
-    each of the last two evaluations, the lifetime by LIFETIME_RISE, is such a change (noise
-    moves them apart, not together); the count's latest pace, kept for one provisioning
-    delay, says how far it may go."""
+    neither the queue nor a TPOT knee says so before the KV cache is full. More arrivals
+    raise the count and the completions together and leave the lifetime where it was; the
+    lifetime up by LIFETIME_RISE within two evaluations, rising at each with the count, is
+    more than the count's own noise moves it. The count's latest pace, kept for one
+    provisioning delay, says how far it may go."""
     samples = memory.lifetimes
     if len(samples) < LIFETIME_SAMPLES:
         return None
