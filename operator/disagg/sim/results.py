@@ -23,8 +23,9 @@ class Outcome:
     last_token: float | None = None
     tokens: int = 0
     rejected: bool = False
-    """Refused on arrival: its prompt and output are more than one engine's KV cache holds
-    (vLLM answers such a request 400, it never waits), so it missed both SLOs."""
+    """Refused on arrival: its prompt and output are longer than the model's context or
+    than one engine's KV cache holds (vLLM answers such a request 400, it never waits), so
+    it missed both SLOs."""
 
     @property
     def ttft(self) -> float | None:
