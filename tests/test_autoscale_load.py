@@ -42,6 +42,32 @@ def test_prefill_grows_from_load_before_latency_moves() -> None:
     assert "load needs" in decision.reason and "tokens/s per replica" in decision.reason
 
 
+def test_prefill_orders_on_what_a_busy_replica_computes_and_keeps_on_the_cautious_speed() -> None:
+    # 18 req/s of 1000-token prompts on 2 replicas: 3 replicas' worth at the cautious 10k
+    # tokens/s (prompts timed alone), 2 at the 16k a busy replica computes when they batch.
+    cautious = decide_pool(
+        "prefill", prefill(0.4, 18.0), 2, 2, PREFILL, RULES, PoolMemory(prefill_speed=10_000),
+        None, NOW,
+    )  # fmt: skip
+    assert cautious.action == "up" and cautious.desired == 3, cautious.reason
+    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000)
+    batched = decide_pool("prefill", prefill(0.4, 18.0), 2, 2, PREFILL, RULES, memory, None, NOW)
+    assert batched.action == "hold", batched.reason
+    # A pool of 3 under the same load stays at 3: it shrinks only as far as the cautious
+    # speed allows.
+    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000)
+    replicas, last, t = 3, None, NOW
+    while t < NOW + 1200:
+        decision = decide_pool(
+            "prefill", prefill(0.4, 18.0, at=t), replicas, replicas, PREFILL, RULES, memory, last,
+            t,
+        )  # fmt: skip
+        if decision.desired != replicas:
+            replicas, last = decision.desired, t
+        t += 15
+    assert replicas == 3
+
+
 def test_prompts_that_miss_at_any_size_do_not_drive_scaling_and_are_reported() -> None:
     # 5% of prompts take 2.5-5 s of prefill alone against a 2 s SLO: the p99 is over the SLO
     # whatever the pool size, and the load itself fits in the replicas there are.

@@ -378,3 +378,15 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
     )
     assert cumulative_buckets({"+Inf": 0.0, "1": 0.0}) == ()  # nothing observed
     assert cumulative_buckets({"bogus": 1.0}) == ()
+
+
+def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
+    from conftest import load_example
+    from disagg.api import parse_model
+    from disagg.autoscale.evaluate import pool_policies
+
+    policies = pool_policies(parse_model(load_example("llama-70b-tp4-tp8")))
+    assert policies["prefill"].step_tokens == 16384
+    assert policies["decode"].step_tokens is None
+    # A colocated engine's steps carry decodes too: its budget is not room for prompts.
+    assert pool_policies(parse_model(load_example("colocated")))["prefill"].step_tokens is None

@@ -120,6 +120,17 @@ def test_prefill_speed_takes_the_better_of_alone_and_saturated_estimates() -> No
     assert sizing.learn_prefill_speed(7.0, None, 10, 0.1, 1) == 7.0
 
 
+def test_prefill_speed_counts_the_prompts_batched_beside_each_other() -> None:
+    # 1,000-token prompts take 0.2 s each (5,000 tokens/s alone) on 2 replicas serving
+    # 6,000 tokens/s each: in 8,000-token steps each prompt leaves 7/8 of a step to others.
+    assert sizing.learn_prefill_speed(None, 12_000, 12, 0.2, 2) == pytest.approx(6_000)
+    assert sizing.learn_prefill_speed(None, 12_000, 12, 0.2, 2, 8_000) == pytest.approx(
+        5_000 + 6_000 * 7 / 8
+    )
+    # Prompts that fill their steps are chunked and not slowed by the others: nothing added.
+    assert sizing.learn_prefill_speed(None, 12_000, 1.5, 1.6, 2, 8_000) == pytest.approx(6_000)
+
+
 def test_prefill_speed_does_not_fade_under_the_batching_of_a_busy_pool() -> None:
     # Two replicas at 6,000 tokens/s each (60% of the 10,000 learned): prompts share steps,
     # so each reads slower alone (0.11 s for 1,000 tokens: 9,091 tokens/s).

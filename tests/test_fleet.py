@@ -111,6 +111,41 @@ def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
     )
 
 
+@pytest.mark.parametrize("load", [0.3, 0.5, 0.7])
+def test_a_busy_prefill_replica_learns_what_it_computes_when_its_step_budget_is_known(
+    load: float,
+) -> None:
+    from disagg.autoscale.policy import Behavior, PoolPolicy
+    from disagg.sim.fleet_policies import SloPolicy
+
+    # What one replica serves saturated: a flood of chat prompts, all of it queued at once.
+    flood = generate("chat", 400.0, 4, seed=5)
+    saturated = simulate(
+        FleetConfig("disaggregated", H100_8B, replicas={"prefill": 1, "decode": 8}), flood
+    )
+    finished = [o for o in saturated.outcomes if o.prefill_done is not None]
+    span = max(o.prefill_done or 0.0 for o in finished) - min(o.request.arrival for o in finished)
+    capacity = sum(o.request.prompt_tokens for o in finished) / span
+    mean_prompt = sum(r.prompt_tokens for r in flood) / len(flood)
+    policy = SloPolicy(
+        {
+            "prefill": PoolPolicy(10.0, 1, 1, 1, step_tokens=8192),
+            "decode": PoolPolicy(1.0, 1, 8, 1),
+        },
+        Behavior(stale_after=1e9),
+    )
+    requests = generate("chat", load * capacity / mean_prompt, 300, seed=6)
+    config = FleetConfig(
+        "disaggregated", H100_8B, replicas={"prefill": 1, "decode": 2}, policy=policy
+    )
+    simulate(config, requests)
+    learned = policy.memory("prefill")
+    # Short prompts share steps, so each reads slow alone while the replica is busy but not
+    # saturated: the cautious speed is a fifth to two fifths low, the batched one is not.
+    assert 0.9 <= (learned.batched_speed or 0.0) / capacity <= 1.1
+    assert (learned.prefill_speed or 0.0) / capacity < 0.85
+
+
 @pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
 def test_decode_runs_give_the_same_results_as_stepping_one_by_one(
     mode: str, monkeypatch: pytest.MonkeyPatch

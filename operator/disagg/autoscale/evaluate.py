@@ -107,6 +107,12 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
             gpus_per_replica=pool.gpus,
             max_num_seqs=pool.max_num_seqs,
             tensor_parallel=pool.tensor_parallel_size,
+            # A colocated engine's steps also carry decodes: the budget overstates the room.
+            step_tokens=(
+                pool.max_num_batched_tokens
+                if phase == "prefill" and not _colocated(model)
+                else None
+            ),
         )
     return policies
 

@@ -103,7 +103,10 @@ def feed_forward(
         backlog = coming_backlog(signals, growing, memory, service / max(1, ready), typical)
         arrivals = offered + backlog / sizing.DRAIN_SECONDS
         limit = policy.max_replicas + 1
-        n = sizing.prefill_replicas(arrivals, service, budgets, limit)
+        # Ordered on what a busy replica computes: a replica too few is ordered again on the
+        # latency it leaves, a replica too many is held for a whole look-back.
+        batched = max(speed, memory.batched_speed or speed)
+        n = sizing.prefill_replicas(arrivals, mean_prompt / batched, budgets, limit)
         margin = sizing.noise(events, sizes)
         keep = prefill_floor(arrivals, service, budgets, limit, margin)
         # While a backlog drains the engines finish more than arrives: what arrived over the
@@ -111,9 +114,12 @@ def feed_forward(
         seen = max(0.0, rate + memory.window_queue_change) * headroom
         sustained = prefill_floor(seen, service, budgets, limit, margin)
         waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
+        speeds = f"{speed:.0f}"
+        if batched > speed:
+            speeds = f"{batched:.0f} busy ({speed:.0f} to shrink)"
         why = (
             f"{rate + growing:.2f} req/s x {headroom:.2f} headroom{waiting}, "
-            f"{mean_prompt:.0f}-token prompts at {speed:.0f} tokens/s per replica, "
+            f"{mean_prompt:.0f}-token prompts at {speeds} tokens/s per replica, "
             f"most may wait {typical:.2f}s"
         )
         return Need(n, why, keep, sustained, service, typical)
@@ -307,17 +313,19 @@ def learn(
     pool: PoolName, signals: Signals, current: int, ready: int, since: float,
     policy: PoolPolicy, behavior: Behavior, memory: PoolMemory, band: float,
 ) -> None:  # fmt: skip
-    """Update the prefill speed and the decode batch from what the pool served."""
+    """Update the prefill speeds and the decode batch from what the pool served."""
+    settled = current == ready > 0 and since > behavior.window
     if pool == "prefill":
-        memory.prefill_speed = sizing.learn_prefill_speed(
-            memory.prefill_speed,
-            signals.prompt_tokens_rate,
-            signals.request_rate,
-            signals.prefill_seconds,
-            ready,
+        # The cautious speed (the better of alone and saturated) sizes what a pool keeps;
+        # the batched one (counting what batching adds) sizes what it orders.
+        observed = (
+            signals.prompt_tokens_rate, signals.request_rate, signals.prefill_seconds, ready,
+        )  # fmt: skip
+        memory.prefill_speed = sizing.learn_prefill_speed(memory.prefill_speed, *observed)
+        memory.batched_speed = sizing.learn_prefill_speed(
+            memory.batched_speed, *observed, policy.step_tokens if settled else None
         )
         return
-    settled = current == ready > 0 and since > behavior.window
     if pool != "decode" or not settled or signals.p99 is None or not signals.running:
         return
     lone = signals.running / ready <= LONE_SEQUENCES

@@ -59,6 +59,10 @@ class PoolPolicy:
     decode_batch: float | None = None
     """Sequences one decode replica holds at the TPOT SLO, if a profile says so (a prior:
     what the pool shows overrides it)."""
+    step_tokens: int | None = None
+    """Prefill: the engines' token budget per step (max-num-batched-tokens) when the spec
+    sets it: with it the policy learns what a busy replica computes when its prompts batch
+    (PoolMemory.batched_speed)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,12 @@ class PoolMemory:
     batch: float | None = None
     """Decode: sequences per replica at the TPOT SLO, learned from what the pool served."""
     prefill_speed: float | None = None
-    """Prefill: prompt tokens per second one replica computes, learned from what it served."""
+    """Prefill: prompt tokens per second one replica computes, learned from what it served
+    (cautiously: the better of its prompts' times alone and what it serves; below what a
+    busy replica computes when its prompts batch). What a pool keeps is sized on it."""
+    batched_speed: float | None = None
+    """Prefill: the same counting what batching adds, with the engines' step budget known
+    (PoolPolicy.step_tokens): what a busy replica computes. What a pool orders is sized on it."""
     provisioning: float = DEFAULT_PROVISIONING
     """How long new replicas took to become ready, as last measured."""
     starting_since: float | None = None

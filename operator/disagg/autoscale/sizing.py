@@ -13,7 +13,11 @@ the pool must be now. Both pools are sized here from what their engines report:
   ``a = λ·s`` in Erlangs. Erlang C gives the probability that a prompt waits longer than what
   the TTFT SLO leaves after its own prefill (per bucket of the prefill-time histogram: a
   short prompt may wait almost the whole SLO, one near it hardly at all); the pool is the
-  fewest replicas that keep that share under the target.
+  fewest replicas that keep that share under the target. Prompts batched together read slow
+  alone while a replica is busy but not saturated, so that speed is cautious (a fifth to two
+  fifths under what a busy replica computes on chat prompts in the simulator): a pool
+  shrinks no further than it allows. With the engines' step budget known, a second reading
+  counts what batching adds, and replicas are ordered on it.
 * **decode** holds sequences. Little's law makes the running sequences plus what the queue
   adds (its growth and its backlog drained over a minute, each held one sequence lifetime)
   the demand; a replica holds ``batch`` of them while its step still meets the TPOT SLO. That
@@ -256,6 +260,7 @@ def learn_prefill_speed(
     request_rate: float | None,
     prefill_seconds: float | None,
     ready: int,
+    step_tokens: float | None = None,
 ) -> float | None:
     """Prompt tokens per second one prefill replica computes.
 
@@ -265,14 +270,28 @@ def learn_prefill_speed(
     So the larger is the better estimate, and the best seen recently is kept. It fades only
     while the pool is not busy (BUSY_SHARE): under load every reading is low, and letting
     them wear the speed down would scale the pool up for the batching its load causes.
+
+    With the engines' token budget per step (``step_tokens``) a third reading closes the gap
+    between the two. An engine step runs the prompts already started first and fills what
+    is left of the budget with waiting ones (vLLM v1's scheduler), so a prompt's prefill
+    time stretches by what the others take of the room it leaves in its steps. The reading
+    is the alone one plus the tokens served per replica times that room (1 - prompt /
+    budget): all of them for short prompts (which batch, so a busy replica computes more
+    than one prompt alone shows), none for prompts that fill their steps (chunked, they are
+    not slowed by the others). Pass it only while the pool's size has been settled over the
+    rate window: just after a scale-down the tokens per replica read high.
     """
     if not prompt_tokens_rate or not request_rate or not prefill_seconds or ready < 1:
         return learned
-    alone = prompt_tokens_rate / request_rate / prefill_seconds
-    observed = max(alone, prompt_tokens_rate / ready)
+    mean_prompt = prompt_tokens_rate / request_rate
+    alone = mean_prompt / prefill_seconds
+    per_replica = prompt_tokens_rate / ready
+    observed = max(alone, per_replica)
+    if step_tokens:
+        observed = max(observed, alone + per_replica * max(0.0, 1 - mean_prompt / step_tokens))
     if learned is None:
         return observed
-    busy = prompt_tokens_rate / ready > BUSY_SHARE * learned
+    busy = per_replica > BUSY_SHARE * learned
     return max(observed, learned if busy else SPEED_DECAY * learned)
 
 

@@ -38,6 +38,10 @@ class SloPolicy:
     _memory: dict[str, PoolMemory] = field(default_factory=dict)
     _last_scale: dict[str, float] = field(default_factory=dict)
 
+    def memory(self, pool: PoolName) -> PoolMemory:
+        """What the policy has learned of a pool so far (its speed, its knee, its history)."""
+        return self._memory.setdefault(pool, PoolMemory())
+
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
         latency = stats.ttft_p99 if pool == "prefill" else stats.tpot_p99
         # What the engines' own counters would report: requests and prompt tokens they
@@ -56,7 +60,7 @@ class SloPolicy:
         )
         decision = decide_pool(
             pool, signals, stats.replicas, stats.ready, self.policies[pool], self.behavior,
-            self._memory.setdefault(pool, PoolMemory()), self._last_scale.get(pool), now,
+            self.memory(pool), self._last_scale.get(pool), now,
         )  # fmt: skip
         if decision.desired != stats.replicas:
             self._last_scale[pool] = now

@@ -124,11 +124,14 @@ def build_policy(scenario: Scenario, config: FleetConfig) -> ScalingPolicy:
         )
     if scenario.policy == "ours":
         high = scenario.max_replicas
+        colocated = scenario.mode == "colocated"
         return SloPolicy(
             {
                 "prefill": PoolPolicy(
                     scenario.ttft, 1, high, scenario.prefill_tp,
                     tensor_parallel=scenario.prefill_tp,
+                    # Colocated steps also carry decodes: the budget overstates the room.
+                    step_tokens=None if colocated else config.budget["prefill"],
                 ),
                 "decode": PoolPolicy(
                     scenario.tpot, 1, high, scenario.decode_tp, scenario.max_num_seqs,
