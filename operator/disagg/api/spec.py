@@ -119,7 +119,8 @@ class PoolSpec(ApiModel):
         ge=1,
         le=2**31 - 1,
         description="Token budget of one engine step (vLLM --max-num-batched-tokens, SGLang "
-        "--chunked-prefill-size). Large on prefill, small on decode. Default: the engine's.",
+        "--chunked-prefill-size). Large on prefill, small on decode. Default: the engine's. "
+        "Set on prefill, the autoscaler also counts what batching adds to a replica's speed.",
     )
     max_num_seqs: int | None = Field(
         default=None,
