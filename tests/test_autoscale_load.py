@@ -50,12 +50,17 @@ def test_prefill_orders_on_what_a_busy_replica_computes_and_keeps_on_the_cautiou
         None, NOW,
     )  # fmt: skip
     assert cautious.action == "up" and cautious.desired == 3, cautious.reason
-    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000)
+    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000, batched_prompt=1000)
     batched = decide_pool("prefill", prefill(0.4, 18.0), 2, 2, PREFILL, RULES, memory, None, NOW)
     assert batched.action == "hold", batched.reason
+    # The same tokens in prompts twice as long batch less: they are ordered for cautiously.
+    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000, batched_prompt=1000)
+    longer = prefill(0.4, 9.0, prompt_tokens_rate=18_000.0, prefill_seconds=0.2)
+    decision = decide_pool("prefill", longer, 2, 2, PREFILL, RULES, memory, None, NOW)
+    assert decision.action == "up" and decision.desired == 3, decision.reason
     # A pool of 3 under the same load stays at 3: it shrinks only as far as the cautious
     # speed allows.
-    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000)
+    memory = PoolMemory(prefill_speed=10_000, batched_speed=16_000, batched_prompt=1000)
     replicas, last, t = 3, None, NOW
     while t < NOW + 1200:
         decision = decide_pool(

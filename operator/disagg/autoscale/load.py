@@ -33,6 +33,9 @@ UNREACHABLE_MARK: Final = "at any size"
 LIFETIME_RISE: Final = 1.5
 """Decode sequences living this much longer within two evaluations, their count rising at
 each: outputs are getting longer (a change of workload, not the count's own noise)."""
+BATCHED_MIX: Final = 1.5
+"""A batched prefill speed orders replicas only for prompts at most this much longer, on
+the mean, than those it was read on (a wave of long prompts batches less)."""
 LONE_SEQUENCES: Final = 2
 """Sequences per decode replica at or below which a missed TPOT is the step itself (or a
 stall), not the batch: it says nothing about how many sequences a replica holds."""
@@ -105,7 +108,10 @@ def feed_forward(
         limit = policy.max_replicas + 1
         # Ordered on what a busy replica computes: a replica too few is ordered again on the
         # latency it leaves, a replica too many is held for a whole look-back.
-        batched = max(speed, memory.batched_speed or speed)
+        batched = speed
+        learned_on = memory.batched_prompt
+        if memory.batched_speed and learned_on and mean_prompt <= BATCHED_MIX * learned_on:
+            batched = max(speed, memory.batched_speed)
         n = sizing.prefill_replicas(arrivals, mean_prompt / batched, budgets, limit)
         margin = sizing.noise(events, sizes)
         keep = prefill_floor(arrivals, service, budgets, limit, margin)
@@ -318,13 +324,14 @@ def learn(
     if pool == "prefill":
         # The cautious speed (the better of alone and saturated) sizes what a pool keeps;
         # the batched one (counting what batching adds) sizes what it orders.
-        observed = (
-            signals.prompt_tokens_rate, signals.request_rate, signals.prefill_seconds, ready,
-        )  # fmt: skip
+        tokens, rate = signals.prompt_tokens_rate, signals.request_rate
+        observed = (tokens, rate, signals.prefill_seconds, ready)
         memory.prefill_speed = sizing.learn_prefill_speed(memory.prefill_speed, *observed)
-        memory.batched_speed = sizing.learn_prefill_speed(
-            memory.batched_speed, *observed, policy.step_tokens if settled else None
-        )
+        budget = policy.step_tokens if settled else None
+        reading = sizing.learn_prefill_speed(None, *observed, budget)
+        memory.batched_speed = sizing.learn_prefill_speed(memory.batched_speed, *observed, budget)
+        if reading is not None and reading >= (memory.batched_speed or 0.0) and tokens and rate:
+            memory.batched_prompt = tokens / rate
         return
     if pool != "decode" or not settled or signals.p99 is None or not signals.running:
         return

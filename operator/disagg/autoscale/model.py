@@ -100,6 +100,9 @@ class PoolMemory:
     batched_speed: float | None = None
     """Prefill: the same counting what batching adds, with the engines' step budget known
     (PoolPolicy.step_tokens): what a busy replica computes. What a pool orders is sized on it."""
+    batched_prompt: float | None = None
+    """Prefill: the mean prompt, in tokens, when the batched speed was last read: it says
+    nothing of prompts much longer (they batch less, and attention costs more per token)."""
     provisioning: float = DEFAULT_PROVISIONING
     """How long new replicas took to become ready, as last measured."""
     starting_since: float | None = None
