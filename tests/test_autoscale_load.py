@@ -384,6 +384,26 @@ def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothin
     assert decision.action == "up", decision.reason
 
 
+def test_requests_passing_through_a_decode_pool_with_room_order_no_replica() -> None:
+    # A prefill step finished four prompts at once; their KV is still arriving when the
+    # decode replica is sampled. It runs 44 sequences at 24% of its KV cache: it admits all
+    # four at its next step, so they are no backlog.
+    passing = decode(44.0, NOW, queue=4.0, kv_usage=0.24, request_rate=12.0)
+    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    decision = decide_pool("decode", passing, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
+    assert decision.action == "hold", decision.reason
+    # The same queue appearing in front of a full KV cache is a backlog.
+    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    full = decode(170.0, NOW, queue=4.0, kv_usage=1.0, request_rate=12.0)
+    decision = decide_pool("decode", full, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
+    assert decision.action == "up", decision.reason
+    # And in front of a replica at its max-num-seqs.
+    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    slots = decode(256.0, NOW, queue=4.0, kv_usage=0.5, request_rate=12.0)
+    decision = decide_pool("decode", slots, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
+    assert decision.action == "up", decision.reason
+
+
 def watch_decode(samples: list[tuple[float, float, float]]) -> list[str]:
     """Decisions of a one-replica decode pool over (running, completions/s, KV usage) samples
     15 s apart, none of them queueing yet."""

@@ -190,6 +190,24 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
     return first_life, life, running + pace * memory.provisioning
 
 
+def in_transit(signals: Signals, ready: int, max_num_seqs: int | None) -> bool:
+    """Whether a decode pool's waiting requests are only passing through: the free KV cache
+    (at the mean a running sequence holds) and the free sequence slots hold all of them.
+
+    A decode engine admits what fits at its next step, so with room to spare a waiting
+    request is one whose KV is still arriving (vLLM counts those in
+    ``num_requests_waiting``) or that landed since the last step; a prefill step finishing
+    several prompts at once lands several together. That is no backlog, and no reason for a
+    replica: a backlog waits because the cache or the slots are full."""
+    queue, running, usage = signals.queue or 0.0, signals.running, signals.kv_usage
+    if not queue or running is None or usage is None or not ready or usage >= 1:
+        return False
+    room = math.inf if usage <= 0 else (1 - usage) * running / usage
+    if max_num_seqs:
+        room = min(room, max_num_seqs * ready - running)
+    return queue <= room
+
+
 def drains_in_time(
     signals: Signals, growing: float, memory: PoolMemory, arriving: float, slots: float
 ) -> bool:

@@ -19,10 +19,11 @@ no load estimate yet. The inputs and what the policy remembers are in
   earlier scale-up are still starting, only if the ready replicas' load needs more than that
   (a decode pool orders none when the replicas ordered drain the backlog they will find
   within one provisioning delay), and just after they arrive not for a backlog draining
-  into them; a decode pool whose sequences start living longer (outputs getting longer:
-  the lifetime up by half and the count rising, two evaluations running, no queue yet)
-  orders one replica as soon as that pace would outgrow it within one provisioning delay,
-  before its KV cache fills;
+  into them; a decode pool's waiting requests that its free KV cache and sequence slots
+  hold are passing through (their KV still arriving), not a backlog; a decode pool whose
+  sequences start living longer (outputs getting longer: the lifetime up by half and the
+  count rising, two evaluations running, no queue yet) orders one replica as soon as that
+  pace would outgrow it within one provisioning delay, before its KV cache fills;
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
   undone within 5 minutes: bursts that come back are learned), leaving out what only a
@@ -58,6 +59,7 @@ from disagg.autoscale.load import (
     KV_USAGE_TARGET,
     UNREACHABLE_MARK,
     feed_forward,
+    in_transit,
     intrinsic_p99,
     learn,
     pool_demand,
@@ -208,7 +210,8 @@ def decide_pool(
         # scale twice for one load.
         need = replace(need, replicas=current)
     queue_gauge = 0.0
-    if signals.queue and not (fresh and growing <= 0):
+    passing = pool == "decode" and in_transit(signals, ready, policy.max_num_seqs)
+    if signals.queue and not (fresh and growing <= 0) and not passing:
         if need is not None and need.drain_per_request and need.wait_budget:
             # How long the backlog takes to drain, against what the SLO leaves for waiting.
             drain = signals.queue * need.drain_per_request / replicas
