@@ -103,6 +103,25 @@ def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
     assert decision.action == "up", decision.reason
 
 
+def test_replicas_that_just_arrived_order_nothing_for_the_queue_the_smaller_pool_grew() -> None:
+    # One replica faced 20 req/s of 1000-token prompts for two minutes while two more
+    # started: 553 wait, 31 more each second until the two serve. Three replicas at 20k
+    # tokens/s drain that backlog in under a minute; the growth was the smaller pool's.
+    def arrived(queue: float) -> str:
+        memory = PoolMemory(prefill_speed=20_000, starting_since=NOW - 120,
+                            queues=[(NOW - 15, 86.0)])  # fmt: skip
+        signals = prefill(28.0, 20.0, queue=553.0)
+        first = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, memory, NOW - 120, NOW)
+        assert first.action == "hold", first.reason
+        later = prefill(20.0, 20.0, at=NOW + 15, queue=queue)
+        return decide_pool("prefill", later, 3, 3, PREFILL, RULES, memory, NOW - 120,
+                           NOW + 15).action  # fmt: skip
+
+    # Draining into the three: nothing more. Still growing on all three: more, at once.
+    assert arrived(300.0) == "hold"
+    assert arrived(700.0) == "up"
+
+
 def run_prefill(
     rate: float, replicas: int, seconds: float, p99: float = 0.3, **extra: object
 ) -> list[tuple[float, int, int]]:

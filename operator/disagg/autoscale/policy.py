@@ -19,8 +19,9 @@ no load estimate yet. The inputs and what the policy remembers are in
   earlier scale-up are still starting, only if the ready replicas' load needs more than that
   (a decode pool orders none when the replicas ordered drain the backlog they will find
   within one provisioning delay), and just after they arrive not for a backlog draining
-  into them; a decode pool's waiting requests that its free KV cache and sequence slots
-  hold are passing through (their KV still arriving), not a backlog; a decode pool whose
+  into them nor for what the queue grew by on the smaller pool before them; a decode
+  pool's waiting requests that its free KV cache and sequence slots hold are passing
+  through (their KV still arriving), not a backlog; a decode pool whose
   sequences start living longer (outputs getting longer: the lifetime up by half and the
   count rising, two evaluations running, no queue yet) orders one replica as soon as that
   pace would outgrow it within one provisioning delay, before its KV cache fills;
@@ -193,6 +194,11 @@ def decide_pool(
     if pool == "decode":
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
+    if memory.ready_at == now:
+        # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
+        # before them, which says nothing of what the pool now serves; the next evaluation
+        # measures that (ordering on it ordered for a backlog the new replicas drain first).
+        growing = 0.0
     # Per-replica load is measured on the replicas that serve: starting ones carry none yet.
     replicas = max(1, min(current, ready))
     # For one window after a scale-up's replicas arrive, the p99 still describes the smaller
