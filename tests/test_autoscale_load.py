@@ -450,3 +450,11 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     # Lifetimes that jump once and fall back are noise, not longer outputs.
     noise = watch_decode([(40, 10.0, 0.15), (70, 9.0, 0.28), (60, 10.0, 0.24), (90, 9.5, 0.36)])
     assert all(r.startswith("hold") for r in noise), noise
+    # So is a count that wanders 2.6 standard deviations (58 -> 90) at a steady 18 req/s.
+    wander = watch_decode([(58, 18.0, 0.25), (70, 18.0, 0.33), (90, 17.8, 0.44)])
+    assert all(r.startswith("hold") for r in wander), wander
+    # Arrivals that step from 3 to 20 req/s: the count jumps at once, the rate (averaged
+    # over a minute) follows, and the lifetime reads 0.9 -> 11 s. More arrivals are load
+    # the count sizes as it comes, not outputs getting longer.
+    step = watch_decode([(3, 3.3, 0.03), (10, 3.3, 0.05), (65, 5.7, 0.27)])
+    assert all(r.startswith("hold") for r in step), step

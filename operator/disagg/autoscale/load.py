@@ -33,6 +33,12 @@ UNREACHABLE_MARK: Final = "at any size"
 LIFETIME_RISE: Final = 1.5
 """Decode sequences living this much longer within two evaluations, their count rising at
 each: outputs are getting longer (a change of workload, not the count's own noise)."""
+LIFETIME_NOISE: Final = 3.0
+"""Standard deviations (Poisson) the count must rise by for its lifetime's rise to count."""
+RATE_HELD: Final = 1.15
+"""A lifetime's rise counts only while the pool's rate stays within this of where it was:
+the rate is averaged over a window and the count is not, so while arrivals rise the count
+runs ahead of it and reads as a longer lifetime."""
 BATCHED_MIX: Final = 1.5
 """A batched prefill speed orders replicas only for prompts at most this much longer, on
 the mean, than those it was read on (a wave of long prompts batches less)."""
@@ -174,10 +180,11 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
     steady arrival rate while completions, still the shorter outputs begun earlier, slow
     down. It keeps rising until the longer ones start finishing, and with the queue empty
     neither the queue nor a TPOT knee says so before the KV cache is full. More arrivals
-    raise the count and the completions together and leave the lifetime where it was; the
-    lifetime up by LIFETIME_RISE within two evaluations, rising at each with the count, is
-    more than the count's own noise moves it. The count's latest pace, kept for one
-    provisioning delay, says how far it may go."""
+    raise the count and, within the rate's window, the rate too, leaving the lifetime where
+    it was: a rise counts only while the rate holds (RATE_HELD). The lifetime up by
+    LIFETIME_RISE within two evaluations, rising at each with the count, and the count up
+    by LIFETIME_NOISE of its own standard deviations, is more than noise moves them. The
+    count's latest pace, kept for one provisioning delay, says how far it may go."""
     samples = memory.lifetimes
     if len(samples) < LIFETIME_SAMPLES:
         return None
@@ -185,6 +192,13 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
     now, running, life = last
     rising = first_running < middle_running < running and first_life < middle_life < life
     if not rising or life < LIFETIME_RISE * first_life or now <= middle_at:
+        return None
+    # A count this far above where it was is beyond its own (Poisson) noise.
+    if running - first_running < LIFETIME_NOISE * math.sqrt(running + first_running):
+        return None
+    # Arrivals that rise make the count lead the windowed rate: that is more load, which
+    # the count itself sizes, not longer outputs.
+    if running / life > RATE_HELD * first_running / first_life:
         return None
     pace = (running - middle_running) / (now - middle_at)
     return first_life, life, running + pace * memory.provisioning

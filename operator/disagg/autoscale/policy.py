@@ -21,10 +21,11 @@ no load estimate yet. The inputs and what the policy remembers are in
   within one provisioning delay), and just after they arrive not for a backlog draining
   into them nor for what the queue grew by on the smaller pool before them; a decode
   pool's waiting requests that its free KV cache and sequence slots hold are passing
-  through (their KV still arriving), not a backlog; a decode pool whose
-  sequences start living longer (outputs getting longer: the lifetime up by half and the
-  count rising, two evaluations running, no queue yet) orders one replica as soon as that
-  pace would outgrow it within one provisioning delay, before its KV cache fills;
+  through (their KV still arriving), not a backlog; a decode pool whose sequences start
+  living longer (outputs getting longer: the lifetime up by half and the count rising, two
+  evaluations running, by three standard deviations, while the rate holds, no queue yet)
+  orders one replica as soon as that pace would outgrow it within one provisioning delay,
+  before its KV cache fills;
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
   undone within 5 minutes: bursts that come back are learned), leaving out what only a
