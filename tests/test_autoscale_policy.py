@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from disagg.autoscale.combine import apply_budget
 from disagg.autoscale.policy import (
     Behavior,
     Decision,
     PoolMemory,
     PoolPolicy,
     Signals,
-    apply_budget,
     decide_pool,
     tolerance,
 )

@@ -23,6 +23,7 @@ from disagg.api.base import format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
 from disagg.api.spec import Mode, Role
 from disagg.api.status import ObservedMetrics
+from disagg.autoscale.combine import apply_budget, colocated
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
     INVALID_MARK,
@@ -34,8 +35,6 @@ from disagg.autoscale.policy import (
     PoolPolicy,
     ScaledPool,
     Signals,
-    apply_budget,
-    colocated,
     decide_pool,
 )
 from disagg.autoscale.queries import build_queries, pool_selector

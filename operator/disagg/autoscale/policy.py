@@ -41,7 +41,8 @@ no load estimate yet. The inputs and what the policy remembers are in
   TTFT p99 no more than 10% over the prompts' own prefill at the 99th percentile is not
   the pool's doing either, and neither scales it up nor keeps it from shrinking;
 * respect min/max and the model's GPU budget; when the budget binds, the pool whose SLO is
-  worse gets the GPUs first, and the decision says it was limited.
+  worse gets the GPUs first, and the decision says it was limited
+  (:mod:`disagg.autoscale.combine`, with the colocated pool's size from both phases).
 
 What persists across restarts lives in status (last scale time); the stabilization history,
 the demand history, the learned prefill speed and decode knee are optimizations that, when
@@ -51,7 +52,7 @@ lost, only delay a scale-down or fall back to latency feedback until they are le
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -88,8 +89,6 @@ __all__ = [
     "PoolPolicy",
     "ScaledPool",
     "Signals",
-    "apply_budget",
-    "colocated",
     "decide_pool",
     "tolerance",
 ]
@@ -340,63 +339,3 @@ def decide_pool(
     desired = max(target, recommendation, current - behavior.down_step)
     sized = f"; load needs {need.replicas}: {need.why}" if need is not None and not idle else ""
     return decision(desired, "down", f"scale down: {observed}{sized}")
-
-
-def colocated(prefill: Decision, decode: Decision) -> Decision:
-    """The colocated engine pool serves both phases on the same replicas: the larger of the
-    sizes its TTFT and its TPOT ask for, so it shrinks only when both allow it."""
-    current = prefill.current
-    desired = max(prefill.desired, decode.desired)
-    action: Action = "up" if desired > current else "down" if desired < current else "hold"
-    unreachable = "; ".join(
-        f"{d.pool} phase: {d.unreachable}" for d in (prefill, decode) if d.unreachable
-    )
-    return Decision(
-        "engine",
-        current,
-        desired,
-        action,
-        f"TTFT: {prefill.reason}; TPOT: {decode.reason}",
-        limited=prefill.limited or decode.limited,
-        pressure=max(prefill.pressure, decode.pressure),
-        unreachable=unreachable or None,
-        unreachable_share=max(prefill.unreachable_share, decode.unreachable_share),
-        invalid="; ".join(d.invalid for d in (prefill, decode) if d.invalid) or None,
-    )
-
-
-def apply_budget(
-    decisions: Sequence[Decision], policies: Mapping[ScaledPool, PoolPolicy], budget: int | None
-) -> list[Decision]:
-    """Fit both pools into the GPU budget, the pool further over its SLO first."""
-    if budget is None:
-        return list(decisions)
-    gpus = {d.pool: policies[d.pool].gpus_per_replica for d in decisions}
-    if sum(d.desired * gpus[d.pool] for d in decisions) <= budget:
-        return list(decisions)
-    floor = {
-        d.pool: max(policies[d.pool].min_replicas, min(d.current, d.desired)) for d in decisions
-    }
-    left = budget - sum(floor[d.pool] * gpus[d.pool] for d in decisions)
-    result = {d.pool: d for d in decisions}
-    for decision in sorted(decisions, key=lambda d: d.pressure, reverse=True):
-        extra_wanted = decision.desired - floor[decision.pool]
-        extra = max(0, min(extra_wanted, left // gpus[decision.pool]))
-        left -= extra * gpus[decision.pool]
-        granted = floor[decision.pool] + extra
-        if granted < decision.desired:
-            action: Action = (
-                "up"
-                if granted > decision.current
-                else "down"
-                if granted < decision.current
-                else "hold"
-            )
-            result[decision.pool] = replace(
-                decision,
-                desired=granted,
-                action=action,
-                limited=True,
-                reason=f"{decision.reason}; limited by the GPU budget of {budget}",
-            )
-    return [result[d.pool] for d in decisions]
