@@ -3,10 +3,19 @@ proportional scale-down and the look-back learned from flaps."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from disagg.autoscale.load import coming_backlog, pool_demand
-from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
+from disagg.autoscale.policy import (
+    Behavior,
+    PoolMemory,
+    PoolPolicy,
+    Signals,
+    decide_pool,
+    share_look_back,
+)
 
 NOW = 50_000.0
 PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=16, gpus_per_replica=4,
@@ -219,6 +228,26 @@ def test_a_burst_that_returns_is_held_for_as_long_as_it_took_to_return() -> None
     memory.scaled(NOW + 1900, up=False, configured=300)
     memory.scaled(NOW + 2000, up=True, configured=300)
     assert memory.down_window == 1200
+
+
+def test_a_look_back_one_pool_learned_holds_the_other_pool_too() -> None:
+    # The prefill pool learned that bursts come back 11 minutes apart (13 minutes of
+    # look-back). Every request passes through both pools: the decode pool, which has
+    # not flapped itself, now holds its burst size as long instead of shrinking after the
+    # configured 5 minutes, just before the next burst.
+    def first_shrink(prefill_memory: PoolMemory) -> float:
+        memory, t = PoolMemory(), NOW
+        while t < NOW + 1200:
+            share_look_back([prefill_memory, memory])
+            signals = decode(100.0, t, kv_usage=0.2)
+            decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, memory, None, t)
+            if decision.action == "down":
+                return t - NOW
+            t += 15
+        return math.inf
+
+    assert first_shrink(PoolMemory()) == 300
+    assert first_shrink(PoolMemory(down_window=780)) == 780
 
 
 def test_decode_is_sized_from_sequences_against_its_kv_cache() -> None:

@@ -36,6 +36,7 @@ from disagg.autoscale.policy import (
     ScaledPool,
     Signals,
     decide_pool,
+    share_look_back,
 )
 from disagg.autoscale.queries import build_queries, pool_selector
 from disagg.clock import epoch_of, rfc3339
@@ -165,6 +166,7 @@ async def evaluate(
         return Evaluation(unavailable=str(error), at=now)
     policies = pool_policies(model)
     rules = behavior(model)
+    share_look_back(state.memories.values())
     decisions = []
     for phase in POOLS:
         pool = _pool_of(model, phase)

@@ -9,6 +9,7 @@ Losing the memory only delays a scale-down or falls back to latency until it is 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -216,3 +217,16 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
+
+
+def share_look_back(memories: Iterable[PoolMemory]) -> None:
+    """Give every pool of a model the longest scale-down look-back any of them learned.
+
+    Every request passes through both pools, so a burst that came back to one (its
+    scale-down undone within FLAP_SECONDS) comes back to the other: a decode pool that has
+    not flapped yet would otherwise shrink between bursts its prefill pool already holds
+    for, and meet the next one a replica short."""
+    pools = list(memories)
+    learned = max((memory.down_window for memory in pools), default=0.0)
+    for memory in pools:
+        memory.down_window = max(memory.down_window, learned)

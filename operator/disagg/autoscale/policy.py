@@ -27,8 +27,9 @@ no load estimate yet. The inputs and what the policy remembers are in
   orders one replica as soon as that pace would outgrow it within one provisioning delay,
   before its KV cache fills;
 * scale **down** in proportion, to the largest size recommended during the whole
-  ``scaleDown.stabilizationWindow`` (longer, up to 4x, for a pool whose scale-downs were
-  undone within 5 minutes: bursts that come back are learned), leaving out what only a
+  ``scaleDown.stabilizationWindow`` (longer, up to 4x, once a scale-down of either pool
+  was undone within 5 minutes: bursts that come back are learned, and every request passes
+  through both pools: :func:`~disagg.autoscale.model.share_look_back`), leaving out what only a
   backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
   size the load fills to at most 80% that would still meet the SLO were the load one estimate
@@ -75,6 +76,7 @@ from disagg.autoscale.model import (
     PoolPolicy,
     ScaledPool,
     Signals,
+    share_look_back,
 )
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
@@ -90,6 +92,7 @@ __all__ = [
     "ScaledPool",
     "Signals",
     "decide_pool",
+    "share_look_back",
     "tolerance",
 ]
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
+from disagg.autoscale.policy import (
+    Behavior,
+    PoolMemory,
+    PoolPolicy,
+    Signals,
+    decide_pool,
+    share_look_back,
+)
 from disagg.perf.capacity import decode_capacity, prefill_seconds
 from disagg.perf.roofline import EngineShape, StepTime
 from disagg.sim.fleet import PoolName, PoolStats
@@ -58,6 +65,7 @@ class SloPolicy:
             prefill_seconds=stats.prefill_seconds,
             prefill_buckets=stats.prefill_buckets,
         )
+        share_look_back(self._memory.values())
         decision = decide_pool(
             pool, signals, stats.replicas, stats.ready, self.policies[pool], self.behavior,
             self.memory(pool), self._last_scale.get(pool), now,
