@@ -8,14 +8,8 @@ import math
 import pytest
 
 from disagg.autoscale.load import coming_backlog, pool_demand
-from disagg.autoscale.policy import (
-    Behavior,
-    PoolMemory,
-    PoolPolicy,
-    Signals,
-    decide_pool,
-    share_look_back,
-)
+from disagg.autoscale.model import share_look_back
+from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
 
 NOW = 50_000.0
 PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=16, gpus_per_replica=4,
