@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from disagg.api.spec import DisaggregatedModelSpec, Mode, Role
-from disagg.status import rollout_pending
+from disagg.rollout import rollout_pending
 
 Obj = dict[str, Any]
 POOL_ROLES: Final[tuple[Role, ...]] = ("prefill", "decode", "engine")

@@ -23,7 +23,7 @@ from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
 from disagg.naming import MANAGER
-from disagg.status import deployment_view
+from disagg.rollout import deployment_view
 
 Obj = dict[str, Any]
 Live = dict[tuple[str, str], Obj]

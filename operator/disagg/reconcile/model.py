@@ -48,13 +48,13 @@ from disagg.kube.models import ModelStore
 from disagg.naming import ROLE_LABEL, ComponentRole, child_name
 from disagg.reconcile.children import Live, apply_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
+from disagg.rollout import unobserved
 from disagg.status import (
     Observed,
     ScalingRecord,
     compute_status,
     invalid_status,
     status_patch,
-    unobserved,
 )
 from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
 
