@@ -14,9 +14,10 @@ from conftest import load_example
 from disagg.api import parse_model
 from disagg.api.resource import ManifestError
 from disagg.render import RenderContext, render_all
+from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.proxy import Router, RouterConfig, build_app
+from disagg.router.proxy import Router, RouterConfig
 from disagg.status import Observed, compute_status
 from disagg.transition import Switch, plan_switch
 

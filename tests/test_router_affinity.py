@@ -23,6 +23,7 @@ from disagg.router.affinity import (
     choose,
     decode_alone,
 )
+from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import (
@@ -31,7 +32,7 @@ from disagg.router.prompt_blocks import (
     TokenizerUnavailable,
     prompt_reader,
 )
-from disagg.router.proxy import Router, RouterConfig, build_app
+from disagg.router.proxy import Router, RouterConfig
 from disagg.router.relay import Answer
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.server import build_app as build_engine_app
