@@ -20,6 +20,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from disagg.sim.answers import full_answer, stream_chunk
 from disagg.sim.engine import Engine
 from disagg.sim.kvchannel import KvFetchError
 from disagg.sim.prefix_cache import block_hashes, prompt_units
@@ -36,80 +37,6 @@ def error(status: int, message: str, type_: str = "BadRequestError") -> web.Resp
     """An error in OpenAI's shape."""
     body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
     return web.json_response(body, status=status)
-
-
-def _chunk(
-    kind: str, rid: str, model: str, text: str | None, finish: str | None, first: bool
-) -> dict[str, Any]:
-    created = int(time.time())
-    if kind == "chat":
-        delta: dict[str, Any] = {}
-        if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        }
-    choice = {
-        "index": 0,
-        "text": text or "",
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-
-
-def _full(kind: str, rid: str, model: str, text: str, usage: dict[str, int]) -> dict[str, Any]:
-    created = int(time.time())
-    if kind == "chat":
-        message = {"role": "assistant", "content": text}
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": "length",
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-        }
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": "length",
-        "stop_reason": None,
-    }
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
 
 
 def _max_tokens(body: dict[str, Any]) -> int | str:
@@ -250,7 +177,7 @@ async def _respond(
             "completion_tokens": sim.generated,
             "total_tokens": prompt_tokens + sim.generated,
         }
-        payload = _full(kind, internal_id, model, text, usage)
+        payload = full_answer(kind, internal_id, model, text, usage)
         if remote_decode:
             payload["kv_transfer_params"] = {
                 "do_remote_prefill": True,
@@ -276,7 +203,7 @@ async def _respond(
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     async for index, _ in _indexed(tokens):
         finish = "length" if index == sim.max_tokens - 1 else None
-        chunk = _chunk(
+        chunk = stream_chunk(
             kind, internal_id, model, output_token(request_id, index), finish, index == 0
         )
         await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
