@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from disagg.devcluster.layout import Layout, default_state_dir
-from disagg.devcluster.runner import ClusterError, down, find_binaries, up
+from disagg.devcluster.prepare import ClusterError, find_binaries
+from disagg.devcluster.runner import down, up
 from harness import ROOT, Kube, Operator, new_namespace, wait_for
 
 

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import httpx
 
 from disagg.devcluster.layout import Layout, free_port
-from disagg.devcluster.runner import Binaries, find_binaries, up
+from disagg.devcluster.prepare import Binaries, find_binaries
+from disagg.devcluster.runner import up
 
 T = TypeVar("T")
 

@@ -34,7 +34,8 @@ from disagg.demo.report import PhaseResult, summarize, table, write
 from disagg.demo.stack import COLOCATED_MODEL, Stack, model_manifest, stack
 from disagg.demo.story import STORIES, Phase
 from disagg.devcluster.layout import Layout, cache_dir, default_state_dir
-from disagg.devcluster.runner import ClusterError, down, ensure_binaries, repo_root, up
+from disagg.devcluster.prepare import ClusterError, ensure_binaries, repo_root
+from disagg.devcluster.runner import down, up
 from disagg.extras import require_tools
 
 NAMESPACE = "demo"

@@ -6,11 +6,10 @@ import argparse
 import sys
 
 from disagg.devcluster.layout import COMPONENTS, Layout, default_state_dir
+from disagg.devcluster.prepare import ClusterError, find_binaries
 from disagg.devcluster.runner import (
-    ClusterError,
     down,
     env_lines,
-    find_binaries,
     kubectl,
     running_components,
     up,
