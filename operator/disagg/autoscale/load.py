@@ -13,32 +13,26 @@ from dataclasses import dataclass
 from typing import Final
 
 from disagg.autoscale import sizing
+from disagg.autoscale.decode import (
+    decode_batch,
+    decode_keep,
+    decode_sequences,
+    drains_in_time,
+    lengthening,
+)
 from disagg.autoscale.model import (
-    LIFETIME_SAMPLES,
     Behavior,
     PoolMemory,
     PoolName,
     PoolPolicy,
     Signals,
 )
+from disagg.autoscale.sizing import DOWN_HEADROOM
 
-KV_USAGE_TARGET: Final = 0.85
-DOWN_HEADROOM: Final = 0.8
-"""A pool shrinks only to a size its demand fills to at most 80%: a size the load only just
-fits is one the next fluctuation scales back up (a flap)."""
 UNREACHABLE_REPORT: Final = 0.001
 """Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
 UNREACHABLE_MARK: Final = "at any size"
 """Every unreachable message says so: how status tells a new finding from a repeated one."""
-LIFETIME_RISE: Final = 1.5
-"""Decode sequences living this much longer within two evaluations, their count rising at
-each: outputs are getting longer (a change of workload, not the count's own noise)."""
-LIFETIME_NOISE: Final = 3.0
-"""Standard deviations (Poisson) the count must rise by for its lifetime's rise to count."""
-RATE_HELD: Final = 1.15
-"""A lifetime's rise counts only while the pool's rate stays within this of where it was:
-the rate is averaged over a window and the count is not, so while arrivals rise the count
-runs ahead of it and reads as a longer lifetime."""
 BATCHED_MIX: Final = 1.5
 """A batched prefill speed orders replicas only for prompts at most this much longer, on
 the mean, than those it was read on (a wave of long prompts batches less)."""
@@ -66,6 +60,9 @@ class Need:
     backlog_covered: bool = False
     """Decode: the replicas already starting drain the backlog within one provisioning
     delay of arriving, so a growing queue asks for nothing more."""
+    kept_for: str = ""
+    """Decode: why ``keep`` is more than the demand's count alone asks (a smaller pool's
+    slower steps), for the messages of a hold or a smaller scale-down."""
 
 
 def prefill_floor(
@@ -161,80 +158,17 @@ def feed_forward(
             f"; sequences now live {longer[1]:.1f}s (from {longer[0]:.1f}s), "
             f"{longer[2]:.0f} of them within one provisioning delay at this pace"
         )
-    keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
+    line = sizing.step_line([(b, p99) for _, b, p99 in memory.steps])
+    keep, kept_for = decode_keep(sequences, batch, ready, line)
     return Need(
         n,
         f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each "
         f"({bound}){detail}",
         keep,
-        sizing.decode_replicas(steady / DOWN_HEADROOM, batch),
+        decode_keep(steady, batch, ready, line)[0],
+        kept_for=kept_for,
         backlog_covered=covered,
     )
-
-
-def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
-    """(lifetime before, lifetime now, sequences one provisioning delay ahead) when a decode
-    pool's outputs are getting longer, else None.
-
-    Outputs that grow longer show first as sequences that live longer: the count rises at a
-    steady arrival rate while completions, still the shorter outputs begun earlier, slow
-    down. It keeps rising until the longer ones start finishing, and with the queue empty
-    neither the queue nor a TPOT knee says so before the KV cache is full. More arrivals
-    raise the count and, within the rate's window, the rate too, leaving the lifetime where
-    it was: a rise counts only while the rate holds (RATE_HELD). The lifetime up by
-    LIFETIME_RISE within two evaluations, rising at each with the count, and the count up
-    by LIFETIME_NOISE of its own standard deviations, is more than noise moves them. The
-    count's latest pace, kept for one provisioning delay, says how far it may go."""
-    samples = memory.lifetimes
-    if len(samples) < LIFETIME_SAMPLES:
-        return None
-    (_, first_running, first_life), (middle_at, middle_running, middle_life), last = samples[-3:]
-    now, running, life = last
-    rising = first_running < middle_running < running and first_life < middle_life < life
-    if not rising or life < LIFETIME_RISE * first_life or now <= middle_at:
-        return None
-    # A count this far above where it was is beyond its own (Poisson) noise.
-    if running - first_running < LIFETIME_NOISE * math.sqrt(running + first_running):
-        return None
-    # Arrivals that rise make the count lead the windowed rate: that is more load, which
-    # the count itself sizes, not longer outputs.
-    if running / life > RATE_HELD * first_running / first_life:
-        return None
-    pace = (running - middle_running) / (now - middle_at)
-    return first_life, life, running + pace * memory.provisioning
-
-
-def in_transit(signals: Signals, ready: int, max_num_seqs: int | None) -> bool:
-    """Whether a decode pool's waiting requests are only passing through: the free KV cache
-    (at the mean a running sequence holds) and the free sequence slots hold all of them.
-
-    A decode engine admits what fits at its next step, so with room to spare a waiting
-    request is one whose KV is still arriving (vLLM counts those in
-    ``num_requests_waiting``) or that landed since the last step; a prefill step finishing
-    several prompts at once lands several together. That is no backlog, and no reason for a
-    replica: a backlog waits because the cache or the slots are full."""
-    queue, running, usage = signals.queue or 0.0, signals.running, signals.kv_usage
-    if not queue or running is None or usage is None or not ready or usage >= 1:
-        return False
-    room = math.inf if usage <= 0 else (1 - usage) * running / usage
-    if max_num_seqs:
-        room = min(room, max_num_seqs * ready - running)
-    return queue <= room
-
-
-def drains_in_time(
-    signals: Signals, growing: float, memory: PoolMemory, arriving: float, slots: float
-) -> bool:
-    """Whether ``slots`` decode sequences (the replicas ready and starting) drain the backlog
-    they will find within one provisioning delay: the queue grows until the starting replicas
-    serve, then each waiting request holds a slot one sequence lifetime while the
-    ``arriving`` sequences hold the rest."""
-    queue, running, rate = signals.queue or 0.0, signals.running, signals.request_rate
-    if memory.starting_since is None or not running or not rate or slots <= arriving:
-        return False
-    until_ready = max(0.0, memory.provisioning - (signals.sampled_at - memory.starting_since))
-    backlog = queue + growing * until_ready
-    return backlog * (running / rate) / (slots - arriving) <= memory.provisioning
 
 
 def coming_backlog(
@@ -254,22 +188,6 @@ def coming_backlog(
     return queue + growing * horizon
 
 
-def decode_sequences(signals: Signals, growing: float, backlog: bool = True) -> float:
-    """Sequences the decode pool must hold at once (Little's law: arrivals x lifetime).
-
-    A saturated pool runs what it holds and queues the rest; the queue is not all demand at
-    once: what it grows by per second, plus (with ``backlog``) the backlog drained over
-    DRAIN_SECONDS, each stays one sequence lifetime (running over completions per second).
-    Never more than running plus waiting: that is every sequence there is."""
-    running, queue = signals.running or 0.0, signals.queue or 0.0
-    rate = signals.request_rate
-    if not queue or not rate or not running:
-        return running + (queue if backlog else 0.0)
-    lifetime = running / rate
-    drained = queue / sizing.DRAIN_SECONDS if backlog else 0.0
-    return min(running + queue, running + (growing + drained) * lifetime)
-
-
 def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, float], ...]:
     """The prefill-time histogram as if each prompt were computed alone.
 
@@ -285,25 +203,6 @@ def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, fl
         return signals.prefill_buckets
     alone = min(1.0, tokens / rate / memory.prefill_speed / observed)
     return tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
-
-
-def decode_batch(
-    signals: Signals, policy: PoolPolicy, memory: PoolMemory, ready: int
-) -> tuple[float | None, str]:
-    """Sequences one decode replica can hold, and what bounds it: the TPOT knee learned or
-    given, the engine's max-num-seqs, or its KV cache at the usage target."""
-    limits: list[tuple[float, str]] = []
-    learned = memory.batch or policy.decode_batch
-    if learned is not None:
-        limits.append((learned, "TPOT"))
-    if policy.max_num_seqs:
-        limits.append((0.9 * policy.max_num_seqs, "max-num-seqs"))
-    running, usage = signals.running, signals.kv_usage
-    if running and usage and ready and usage > 0.05:
-        limits.append((running / ready * KV_USAGE_TARGET / usage, "KV cache"))
-    if not limits:
-        return None, ""
-    return min(limits)
 
 
 def unreachable(
@@ -370,6 +269,8 @@ def learn(
     lone = signals.running / ready <= LONE_SEQUENCES
     if lone and signals.p99 > policy.slo * (1 + band):
         return
+    if not lone:
+        memory.note_step(signals.sampled_at, signals.running / ready, signals.p99)
     memory.batch = sizing.learn_batch(
         memory.batch or policy.decode_batch, signals.running / ready, signals.p99, policy.slo, band
     )

@@ -122,6 +122,10 @@ class PoolMemory:
     """Decode: (time, running sequences, their lifetime in seconds: running over completions
     per second) of the last LIFETIME_SAMPLES evaluations; a lifetime that jumps is outputs
     growing longer before the KV cache shows it."""
+    steps: list[tuple[float, float, float]] = field(default_factory=list)
+    """Decode: (time, sequences per replica, TPOT p99) of the settled evaluations of the last
+    HISTORY seconds: how much a step slows for each sequence batched, which says how much
+    longer every sequence lives on a smaller pool."""
     last_down: float | None = None
     """When the pool was last scaled down."""
     last_up: float | None = None
@@ -158,6 +162,11 @@ class PoolMemory:
         if running and rate:
             self.lifetimes.append((now, running, running / rate))
             del self.lifetimes[:-LIFETIME_SAMPLES]
+
+    def note_step(self, now: float, per_replica: float, p99: float) -> None:
+        """Record a settled decode pool's TPOT p99 at the sequences each replica holds."""
+        self.steps = [sample for sample in self.steps if now - HISTORY < sample[0] < now]
+        self.steps.append((now, per_replica, p99))
 
     def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;

@@ -57,13 +57,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from disagg.autoscale.decode import KV_USAGE_TARGET, in_transit
 from disagg.autoscale.inputs import accepted
 from disagg.autoscale.load import (
-    DOWN_HEADROOM,
-    KV_USAGE_TARGET,
     UNREACHABLE_MARK,
     feed_forward,
-    in_transit,
     intrinsic_p99,
     learn,
     pool_demand,
@@ -78,6 +76,7 @@ from disagg.autoscale.model import (
     Signals,
     share_look_back,
 )
+from disagg.autoscale.sizing import DOWN_HEADROOM
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 
 __all__ = [
@@ -333,12 +332,13 @@ def decide_pool(
     recommendation = max(policy.min_replicas, min(current, recommendation))
     memory.remember(now, recommendation, horizon, sustained if quiet else None)
     target = memory.window_max(now, down_window)
+    kept_for = need.kept_for if need is not None and quiet else ""
     if recommendation >= current:
-        return decision(current, "hold", f"{held} ({observed})")
+        return decision(current, "hold", f"{held} ({observed}){kept_for}")
     if since < behavior.down_cooldown:
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
     if target is None or target >= current:
         return decision(current, "hold", f"stabilizing scale-down ({observed})")
     desired = max(target, recommendation, current - behavior.down_step)
-    sized = f"; load needs {need.replicas}: {need.why}" if need is not None and not idle else ""
+    sized = f"; load needs {need.replicas}: {need.why}{kept_for}" if need and not idle else ""
     return decision(desired, "down", f"scale down: {observed}{sized}")

@@ -54,6 +54,9 @@ WAIT_TARGET: Final = 0.005
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
 GROWTH_CAP: Final = 2.0
+DOWN_HEADROOM: Final = 0.8
+"""A pool shrinks only to a size its demand fills to at most 80%: a size the load only just
+fits is one the next fluctuation scales back up (a flap)."""
 
 
 def erlang_c(servers: int, load: float) -> float:
@@ -307,6 +310,43 @@ def learn_batch(
     if p99 < 0.7 * slo and learned is not None and per_replica > learned:
         return per_replica
     return learned
+
+
+STEP_SPREAD: Final = 1.5
+"""The step line is fitted only to batches spread this wide (the largest over the smallest):
+over a narrow range its slope is the latency's noise."""
+
+
+def step_line(samples: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """(seconds a decode step takes with nothing batched, seconds each sequence per replica
+    adds): the least-squares line of (sequences per replica, TPOT) samples. None without
+    STEP_SPREAD between the batches, or for a line that does not rise from above zero."""
+    if len(samples) < 2:
+        return None
+    low, high = min(b for b, _ in samples), max(b for b, _ in samples)
+    if low <= 0 or high < STEP_SPREAD * low:
+        return None
+    line = _line(samples)
+    if line is None:
+        return None
+    per_sequence, mean_step, mean_batch = line
+    base = mean_step - per_sequence * mean_batch
+    if per_sequence <= 0 or base <= 0:
+        return None
+    return base, per_sequence
+
+
+def consolidated(sequences: float, replicas: int, fewer: int, line: tuple[float, float]) -> float:
+    """Sequences a decode pool holding ``sequences`` on ``replicas`` holds on ``fewer``.
+
+    Each sequence lives as many steps as it has tokens to produce (Little's law: the count is
+    arrivals times lifetime), and a step on a replica that batches more is slower by the
+    line's slope: the count solves held = sequences x step(held / fewer) / step(now). Infinite
+    when no count solves it (every sequence added slows the rest enough to add another)."""
+    base, per_sequence = line
+    step_now = base + per_sequence * sequences / replicas
+    room = step_now - per_sequence * sequences / fewer
+    return sequences * base / room if room > 0 else math.inf
 
 
 def tp_to_meet(tp: int, seconds: float, slo: float) -> int:
