@@ -329,17 +329,22 @@ def test_a_pool_shrinks_only_to_a_size_its_load_fills_to_at_most_80_percent() ->
 
 
 def test_a_decode_pool_does_not_shrink_onto_steps_too_slow_for_the_sequences_it_holds() -> None:
-    # Two replicas hold 150 sequences, 75 each, at a 20 ms TPOT. By the count alone (at most
-    # 230 a replica) one replica would do. But the pool has served 25, 50 and 75 a replica at
-    # 16, 18 and 20 ms: a step slows 0.08 ms per sequence batched. On one replica each step
-    # is slower, every sequence lives longer, and the count rises to about 280 at 37 ms a
-    # step (Little's law): more than the 230 one replica holds, so the pool stays at two.
+    # Two replicas hold 150 sequences, 75 each, at a 20 ms mean TPOT. By the count alone (at
+    # most 230 a replica) one replica would do. But the pool served 25 and 50 a replica at
+    # 16 and 18 ms before: a step slows 0.08 ms per sequence batched. On one replica each
+    # step is slower, every sequence lives longer, and the count rises to about 280 at 36 ms
+    # a step (Little's law): more than the 230 one replica holds, so the pool stays at two.
     reasons: list[str] = []
 
-    def downs(memory: PoolMemory) -> list[tuple[float, int, int]]:
-        replicas, t, moves = 2, NOW, []
+    def downs(batches: tuple[float, ...]) -> list[tuple[float, int, int]]:
+        memory, replicas, t, moves = PoolMemory(), 2, NOW, []
         while t < NOW + 900:
-            signals = decode(150.0, t, p99=0.020)
+            per_replica = batches[min(len(batches) - 1, round((t - NOW) / 15))]
+            step = 0.014 + 0.00008 * per_replica
+            # More sequences from more arrivals (each lives 10 s); the p99, read from
+            # histogram buckets, sits near the bound the steps fall under.
+            signals = decode(2 * per_replica, t, p99=0.025, tpot_mean=step,
+                             request_rate=2 * per_replica / 10)  # fmt: skip
             decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
                                    None, t)  # fmt: skip
             reasons.append(decision.reason)
@@ -349,14 +354,11 @@ def test_a_decode_pool_does_not_shrink_onto_steps_too_slow_for_the_sequences_it_
             t += 15
         return moves
 
-    served = PoolMemory()
-    for minutes, per_replica in enumerate((25.0, 50.0, 75.0)):
-        served.note_step(NOW - 900 + 60 * minutes, per_replica, 0.014 + 0.00008 * per_replica)
-    assert downs(served) == []
+    assert downs((25.0, 50.0, 75.0)) == []
     # The hold says what one replica would face.
-    assert "1 would hold 28" in reasons[-1] and "at 37ms a step (now 20ms)" in reasons[-1], reasons
+    assert reasons[-1].endswith("; 1 would hold 278 at 36ms a step (now 20ms)"), reasons[-1]
     # A pool that has only ever served this one batch size has no slope to go on: it shrinks.
-    assert downs(PoolMemory()) == [(300.0, 2, 1)]
+    assert downs((75.0,)) == [(300.0, 2, 1)]
 
 
 def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:

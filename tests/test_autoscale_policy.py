@@ -380,6 +380,18 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
     assert cumulative_buckets({"bogus": 1.0}) == ()
 
 
+def test_the_decode_step_time_is_the_inter_token_mean_of_either_engine() -> None:
+    # A mean, not a quantile: the histogram's sum over its count is exact at any bucket layout.
+    for backend in ("vllm", "sglang"):
+        query = build_queries(backend, "ns", "m", "decode", 60)["tpotMean"]
+        assert query == (
+            f"sum(rate({backend}:inter_token_latency_seconds_sum"
+            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s])) / '
+            f"sum(rate({backend}:inter_token_latency_seconds_count"
+            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
+        )
+
+
 def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     from conftest import load_example
     from disagg.api import parse_model

@@ -77,6 +77,11 @@ class QueryOverrides(ApiModel):
         min_length=1,
         description="Prefill-phase time histogram: an instant vector of bucket rates by le.",
     )
+    tpot_mean: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Mean time between output tokens, seconds (the decode step time).",
+    )
 
 
 class AutoscalingSpec(ApiModel):

@@ -30,6 +30,7 @@ _NAMES: Final = {
     "sampled_at": "lastSample",
     "prompt_tokens_rate": "promptTokensRate",
     "prefill_seconds": "prefillSeconds",
+    "tpot_mean": "tpotMean",
 }
 
 

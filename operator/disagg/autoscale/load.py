@@ -158,7 +158,7 @@ def feed_forward(
             f"; sequences now live {longer[1]:.1f}s (from {longer[0]:.1f}s), "
             f"{longer[2]:.0f} of them within one provisioning delay at this pace"
         )
-    line = sizing.step_line([(b, p99) for _, b, p99 in memory.steps])
+    line = sizing.step_line([(per_replica, step) for _, per_replica, step in memory.steps])
     keep, kept_for = decode_keep(sequences, batch, ready, line)
     return Need(
         n,
@@ -269,8 +269,8 @@ def learn(
     lone = signals.running / ready <= LONE_SEQUENCES
     if lone and signals.p99 > policy.slo * (1 + band):
         return
-    if not lone:
-        memory.note_step(signals.sampled_at, signals.running / ready, signals.p99)
+    if not lone and signals.tpot_mean:
+        memory.note_step(signals.sampled_at, signals.running / ready, signals.tpot_mean)
     memory.batch = sizing.learn_batch(
         memory.batch or policy.decode_batch, signals.running / ready, signals.p99, policy.slo, band
     )

@@ -95,13 +95,15 @@ class PrometheusSource:
                     )
                 )
             )
-            # Only the TTFT-driven pool is sized from its prefill load.
+            # Only the TTFT-driven pool is sized from its prefill load, and only the
+            # TPOT-driven one learns its step time.
             sized = latency == "ttftP99"
             load = await asyncio.gather(
                 *(
                     self._optional(queries.get(s) if sized else None)
                     for s in ("promptTokensRate", "prefillSeconds")
-                )
+                ),
+                self._optional(None if sized else queries.get("tpotMean")),
             )
             buckets = (
                 await self.vector(queries["prefillBuckets"], label="le")
@@ -113,7 +115,7 @@ class PrometheusSource:
                 f"Prometheus at {self.url} did not answer in {self._timeout}s"
             ) from error
         (p99, _), (rate, _), (queue, _), (running, _), (kv, _), (pods, _), (last, _) = values
-        prompt_tokens, prefill_seconds = load
+        prompt_tokens, prefill_seconds, tpot_mean = load
         return Signals(
             p99=p99,
             request_rate=rate,
@@ -125,6 +127,7 @@ class PrometheusSource:
             prompt_tokens_rate=prompt_tokens,
             prefill_seconds=prefill_seconds,
             prefill_buckets=cumulative_buckets(buckets),
+            tpot_mean=tpot_mean,
         )
 
     async def _optional(self, promql: str | None) -> float | None:

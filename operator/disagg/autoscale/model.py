@@ -45,6 +45,9 @@ class Signals:
     """Mean prefill-phase time of the window's requests (prefill pool), seconds."""
     prefill_buckets: tuple[tuple[float, float], ...] = ()
     """Prefill-phase times as a cumulative histogram: (upper bound, count or rate)."""
+    tpot_mean: float | None = None
+    """Decode: the mean time between output tokens over the window (the inter-token
+    latency's sum over its count), seconds: the step time a running sequence sees."""
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,10 @@ class PoolMemory:
     per second) of the last LIFETIME_SAMPLES evaluations; a lifetime that jumps is outputs
     growing longer before the KV cache shows it."""
     steps: list[tuple[float, float, float]] = field(default_factory=list)
-    """Decode: (time, sequences per replica, TPOT p99) of the settled evaluations of the last
-    HISTORY seconds: how much a step slows for each sequence batched, which says how much
-    longer every sequence lives on a smaller pool."""
+    """Decode: (time, sequences per replica, mean TPOT) of the settled evaluations of the
+    last HISTORY seconds: how much a step slows for each sequence batched, which says how
+    much longer every sequence lives on a smaller pool. The mean, not the p99: a p99 read
+    from histogram buckets sits near a bucket's bound, then jumps to the next."""
     last_down: float | None = None
     """When the pool was last scaled down."""
     last_up: float | None = None
@@ -163,10 +167,10 @@ class PoolMemory:
             self.lifetimes.append((now, running, running / rate))
             del self.lifetimes[:-LIFETIME_SAMPLES]
 
-    def note_step(self, now: float, per_replica: float, p99: float) -> None:
-        """Record a settled decode pool's TPOT p99 at the sequences each replica holds."""
+    def note_step(self, now: float, per_replica: float, step: float) -> None:
+        """Record a settled decode pool's mean TPOT at the sequences each replica holds."""
         self.steps = [sample for sample in self.steps if now - HISTORY < sample[0] < now]
-        self.steps.append((now, per_replica, p99))
+        self.steps.append((now, per_replica, step))
 
     def queue_growth(self, now: float, queue: float | None, window: float) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;

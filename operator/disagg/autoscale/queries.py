@@ -21,13 +21,15 @@ from typing import Final, Literal
 
 Signal = Literal[
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
-    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets",
+    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
 ]  # fmt: skip
 SIGNALS: Final[tuple[Signal, ...]] = (
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
-    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets",
+    "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
 )  # fmt: skip
-LOAD_SIGNALS: Final[tuple[Signal, ...]] = ("promptTokensRate", "prefillSeconds", "prefillBuckets")
+LOAD_SIGNALS: Final[tuple[Signal, ...]] = (
+    "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
+)  # fmt: skip
 """Feed-forward sizing's inputs: optional (an engine without them is sized on latency)."""
 
 
@@ -90,6 +92,8 @@ _TEMPLATES: Final[dict[Signal, str]] = {
     "prefillSeconds": "sum(rate({prefill_time}_sum{{$selector}}[$window])) / "
     "sum(rate({prefill_time}_count{{$selector}}[$window]))",
     "prefillBuckets": "sum by (le) (rate({prefill_time}_bucket{{$selector}}[$window]))",
+    "tpotMean": "sum(rate({itl}_sum{{$selector}}[$window])) / "
+    "sum(rate({itl}_count{{$selector}}[$window]))",
 }
 
 

@@ -64,6 +64,7 @@ class SloPolicy:
             sampled_at=now,
             prefill_seconds=stats.prefill_seconds,
             prefill_buckets=stats.prefill_buckets,
+            tpot_mean=stats.tpot_mean,
         )
         share_look_back(self._memory.values())
         decision = decide_pool(

@@ -35,6 +35,9 @@ class PoolStats:
     """Mean time a prompt spent in its prefill phase (vLLM's request_prefill_time)."""
     prefill_buckets: tuple[tuple[float, float], ...] = ()
     """The prefill times as a cumulative histogram: (upper bound, count at or below)."""
+    tpot_mean: float | None = None
+    """Mean time between output tokens, over every token (vLLM's inter-token latency sum
+    over its count)."""
 
 
 def pools_of(mode: Mode) -> tuple[PoolName, ...]:
