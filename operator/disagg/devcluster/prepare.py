@@ -76,7 +76,9 @@ def ensure_binaries(say: Callable[[str], None]) -> Binaries:
     return found
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def _openssl(command: str, *, cwd: Path) -> None:
+    """Run ``openssl`` with the words of ``command`` (none holds a space)."""
+    args = command.split()
     result = subprocess.run(
         ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False
     )
@@ -89,60 +91,19 @@ def ensure_pki(layout: Layout) -> str:
     pki = layout.pki
     pki.mkdir(parents=True, exist_ok=True)
     if not (pki / "ca.crt").exists():
-        _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "3650",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-subj",
-            "/CN=disagg-dev-ca",
-            cwd=pki,
-        )
+        _openssl("req -x509 -newkey rsa:2048 -nodes -days 3650 -keyout ca.key -out ca.crt "
+                 "-subj /CN=disagg-dev-ca", cwd=pki)  # fmt: skip
     if not (pki / "apiserver.crt").exists():
         (pki / "san.cnf").write_text(
             "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
             "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
         )
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "apiserver.key",
-            "-out",
-            "apiserver.csr",
-            "-subj",
-            "/CN=kube-apiserver",
-            cwd=pki,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            "apiserver.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "3650",
-            "-out",
-            "apiserver.crt",
-            "-extfile",
-            "san.cnf",
-            cwd=pki,
-        )
+        _openssl("req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr "
+                 "-subj /CN=kube-apiserver", cwd=pki)  # fmt: skip
+        _openssl("x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+                 "-days 3650 -out apiserver.crt -extfile san.cnf", cwd=pki)  # fmt: skip
     if not (pki / "sa.key").exists():
-        _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+        _openssl("genrsa -out sa.key 2048", cwd=pki)
     if not layout.tokens.exists():
         token = secrets.token_hex(24)
         layout.tokens.write_text(f'{token},admin,admin-uid,"system:masters"\n')

@@ -7,79 +7,39 @@ import time
 from typing import Any
 
 
+def _body(obj: str, rid: str, model: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [choice]}  # fmt: skip
+
+
+def _text_choice(text: str, finish: str | None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+            "stop_reason": None}  # fmt: skip
+
+
 def stream_chunk(
     kind: str, rid: str, model: str, text: str | None, finish: str | None, first: bool
 ) -> dict[str, Any]:
     """One server-sent event of a streamed answer (``first`` carries the assistant role)."""
-    created = int(time.time())
-    if kind == "chat":
-        delta: dict[str, Any] = {}
-        if first:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": finish,
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        }
-    choice = {
-        "index": 0,
-        "text": text or "",
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
+    if kind != "chat":
+        return _body("text_completion", rid, model, _text_choice(text or "", finish))
+    delta: dict[str, Any] = {}
+    if first:
+        delta["role"] = "assistant"
+    if text is not None:
+        delta["content"] = text
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _body("chat.completion.chunk", rid, model, choice)
 
 
 def full_answer(
     kind: str, rid: str, model: str, text: str, usage: dict[str, int]
 ) -> dict[str, Any]:
     """A whole answer, cut at max_tokens."""
-    created = int(time.time())
     if kind == "chat":
         message = {"role": "assistant", "content": text}
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": "length",
-        }
-        return {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-        }
-    choice = {
-        "index": 0,
-        "text": text,
-        "logprobs": None,
-        "finish_reason": "length",
-        "stop_reason": None,
-    }
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}
+        body = _body("chat.completion", rid, model, choice)
+    else:
+        body = _body("text_completion", rid, model, _text_choice(text, "length"))
+    return {**body, "usage": usage}
