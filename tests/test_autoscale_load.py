@@ -514,3 +514,9 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     # the count sizes as it comes, not outputs getting longer.
     step = watch_decode([(3, 3.3, 0.03), (10, 3.3, 0.05), (65, 5.7, 0.27)])
     assert all(r.startswith("hold") for r in step), step
+    # Arrivals in bursts: for five minutes the count has swung between 40 and 90 every
+    # half minute at the same 10 req/s. The rise that read as longer outputs above is one
+    # more burst.
+    swings = [(40.0, 10.0, 0.15), (40.0, 10.0, 0.15), (90.0, 10.0, 0.36), (90.0, 10.0, 0.36)]
+    bursty = watch_decode(swings * 5 + [(40, 10.0, 0.15), (55, 10.0, 0.21), (90, 9.5, 0.36)])
+    assert all(r.startswith("hold") for r in bursty), bursty

@@ -7,6 +7,7 @@ that are only passing through.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 from disagg.autoscale import sizing
@@ -14,6 +15,10 @@ from disagg.autoscale.model import LIFETIME_SAMPLES, PoolMemory, PoolPolicy, Sig
 from disagg.autoscale.sizing import DOWN_HEADROOM
 
 KV_USAGE_TARGET: Final = 0.85
+CONSOLIDATED_FILL: Final = 0.9
+"""A smaller decode pool's predicted count may fill its replicas to at most 90%: the order
+rule reads the new count with its own headroom (the estimate's noise, and a trend while the
+count climbs to its new level), and a pool filled past that is one it orders back."""
 LIFETIME_RISE: Final = 1.5
 """Decode sequences living this much longer within two evaluations, their count rising at
 each: outputs are getting longer (a change of workload, not the count's own noise)."""
@@ -33,15 +38,15 @@ def decode_keep(
 
     The demand fills them to at most DOWN_HEADROOM, the margin for the load to move. And on
     fewer replicas each step batches more, so it is slower and every sequence lives longer:
-    with the step line learned (``line``), the count that gives must fit too, at ``batch``
-    each (itself at the KV-cache target)."""
+    with the step line learned (``line``), the count that gives must fit too, to at most
+    CONSOLIDATED_FILL of ``batch`` each (itself at the KV-cache target)."""
     keep = sizing.decode_replicas(sequences / DOWN_HEADROOM, batch)
     if line is None or keep < 1:
         return keep, ""
     alone = keep
     while keep < serving:
         held = sizing.consolidated(sequences, serving, keep, line)
-        if sizing.decode_replicas(held, batch) <= keep:
+        if sizing.decode_replicas(held / CONSOLIDATED_FILL, batch) <= keep:
             break
         keep += 1
     if keep == alone:
@@ -77,8 +82,11 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
     rising = first_running < middle_running < running and first_life < middle_life < life
     if not rising or life < LIFETIME_RISE * first_life or now <= middle_at:
         return None
-    # A count this far above where it was is beyond its own (Poisson) noise.
-    if running - first_running < LIFETIME_NOISE * math.sqrt(running + first_running):
+    # A count this far above where it was is beyond its own noise: Poisson's, or more where
+    # arrivals come in bursts and the count swung more before.
+    first_at = samples[-3][0]
+    noise = max(math.sqrt(running + first_running), count_swing(memory.demand, first_at))
+    if running - first_running < LIFETIME_NOISE * noise:
         return None
     # Arrivals that rise make the count lead the windowed rate: that is more load, which
     # the count itself sizes, not longer outputs.
@@ -86,6 +94,24 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
         return None
     pace = (running - middle_running) / (now - middle_at)
     return first_life, life, running + pace * memory.provisioning
+
+
+SWING_SAMPLES: Final = 8
+"""Changes of the count needed before its swing is read from them."""
+
+
+def count_swing(demand: Sequence[tuple[float, float]], before: float) -> float:
+    """How far a decode pool's count moves over two evaluations, as it did before ``before``
+    (the root mean square of those changes); 0 with fewer than SWING_SAMPLES of them.
+
+    A count of sequences that each arrived independently is Poisson: it moves by the square
+    root of itself. Arrivals in bursts move it more, and a rise of that size is a burst, not
+    outputs getting longer."""
+    counts = [count for at, count in demand if at < before]
+    changes = [later - earlier for earlier, later in zip(counts, counts[2:], strict=False)]
+    if len(changes) < SWING_SAMPLES:
+        return 0.0
+    return math.sqrt(sum(change * change for change in changes) / len(changes))
 
 
 def in_transit(signals: Signals, ready: int, max_num_seqs: int | None) -> bool:
