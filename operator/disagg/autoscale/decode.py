@@ -23,7 +23,8 @@ LIFETIME_RISE: Final = 1.5
 """Decode sequences living this much longer within two evaluations, their count rising at
 each: outputs are getting longer (a change of workload, not the count's own noise)."""
 LIFETIME_NOISE: Final = 3.0
-"""Standard deviations (Poisson) the count must rise by for its lifetime's rise to count."""
+"""Standard deviations the count must rise by for its lifetime's rise to count (Poisson's,
+or its own swing where arrivals come in bursts: count_swing)."""
 RATE_HELD: Final = 1.15
 """A lifetime's rise counts only while the pool's rate stays within this of where it was:
 the rate is averaged over a window and the count is not, so while arrivals rise the count
