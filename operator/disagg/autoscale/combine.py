@@ -9,12 +9,15 @@ from dataclasses import replace
 from disagg.autoscale.policy import Action, Decision, PoolPolicy, ScaledPool
 
 
+def _action(current: int, desired: int) -> Action:
+    return "up" if desired > current else "down" if desired < current else "hold"
+
+
 def colocated(prefill: Decision, decode: Decision) -> Decision:
     """The colocated engine pool serves both phases on the same replicas: the larger of the
     sizes its TTFT and its TPOT ask for, so it shrinks only when both allow it."""
     current = prefill.current
     desired = max(prefill.desired, decode.desired)
-    action: Action = "up" if desired > current else "down" if desired < current else "hold"
     unreachable = "; ".join(
         f"{d.pool} phase: {d.unreachable}" for d in (prefill, decode) if d.unreachable
     )
@@ -22,7 +25,7 @@ def colocated(prefill: Decision, decode: Decision) -> Decision:
         "engine",
         current,
         desired,
-        action,
+        _action(current, desired),
         f"TTFT: {prefill.reason}; TPOT: {decode.reason}",
         limited=prefill.limited or decode.limited,
         pressure=max(prefill.pressure, decode.pressure),
@@ -52,17 +55,10 @@ def apply_budget(
         left -= extra * gpus[decision.pool]
         granted = floor[decision.pool] + extra
         if granted < decision.desired:
-            action: Action = (
-                "up"
-                if granted > decision.current
-                else "down"
-                if granted < decision.current
-                else "hold"
-            )
             result[decision.pool] = replace(
                 decision,
                 desired=granted,
-                action=action,
+                action=_action(decision.current, granted),
                 limited=True,
                 reason=f"{decision.reason}; limited by the GPU budget of {budget}",
             )

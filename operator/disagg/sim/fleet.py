@@ -264,9 +264,12 @@ class Fleet:
             ]
         else:
             ttfts = [t for o in done_first if (t := o.ttft) is not None]
-        streams = [o for o in done_first if o.tokens > 1 and o.tpot is not None]
-        tpots = [t for o in streams if (t := o.tpot) is not None]
-        gaps = sum(o.tokens - 1 for o in streams)
+        # (gaps between its tokens, mean gap) of each request with more than one token
+        streams = [
+            (o.tokens - 1, t) for o in done_first if o.tokens > 1 and (t := o.tpot) is not None
+        ]
+        tpots = [t for _, t in streams]
+        gaps = sum(n for n, _ in streams)
         disaggregated = self.config.mode == "disaggregated"
         prefill_times = (
             [] if disaggregated and pool == "decode" else prefill_phase_times(recent, disaggregated)
@@ -295,9 +298,7 @@ class Fleet:
             prompt_tokens_served_rate=sum(tokens for _, tokens in served) / span,
             prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
             prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
-            tpot_mean=sum(t * (o.tokens - 1) for o, t in zip(streams, tpots, strict=True)) / gaps
-            if gaps
-            else None,
+            tpot_mean=sum(n * t for n, t in streams) / gaps if gaps else None,
         )
 
     def _scale(self, pool: PoolName, desired: int) -> None:
