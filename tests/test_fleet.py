@@ -209,6 +209,33 @@ def test_dynamo_planner_sizes_pools_from_rate_and_holds_between_adjustments() ->
     assert high > 10 * low
 
 
+def test_the_simulated_operator_reads_its_p99s_as_prometheus_does() -> None:
+    from disagg.autoscale.model import Behavior, PoolPolicy
+    from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
+    from disagg.sim.fleet import PoolStats
+    from disagg.sim.fleet_policies import SloPolicy
+    from disagg.sim.results import reported_p99
+
+    # 98 prompts at 0.9 s and 2 at 1.2 s: the exact p99 is 1.2 s; histogram_quantile places
+    # it inside vLLM's 1-2.5 s bucket by how many passed 1 s.
+    assert reported_p99([(0.9, 1.0)] * 98 + [(1.2, 1.0)] * 2, TTFT_BUCKETS) == pytest.approx(1.75)
+    # Every gap between two tokens is an observation: one long stream at 60 ms outweighs 99
+    # short ones at 20 ms, which a p99 of the requests' means would read as 20 ms.
+    streams = [(0.02, 10.0)] * 99 + [(0.06, 500.0)]
+    assert reported_p99(streams, ITL_BUCKETS) == pytest.approx(0.05 + 0.025 * 485.1 / 500)
+    assert reported_p99([], TTFT_BUCKETS) is None
+
+    # The policy the simulator runs for the operator is given the reported p99, not the exact.
+    policy = SloPolicy(
+        {"prefill": PoolPolicy(slo=1.0, min_replicas=1, max_replicas=8, gpus_per_replica=1)},
+        Behavior(up_cooldown=0),
+    )
+    stats = PoolStats(
+        2, 2, 0.5, None, 0, 0, 0.0, 5.0, 10_000, 2000, 200, served_rate=5.0, ttft_reported=1.75
+    )
+    assert policy.desired("prefill", stats, now=100) == 3
+
+
 def test_simulate_cli_writes_a_summary_and_a_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

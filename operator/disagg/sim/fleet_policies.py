@@ -50,7 +50,8 @@ class SloPolicy:
         return self._memory.setdefault(pool, PoolMemory())
 
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
-        latency = stats.ttft_p99 if pool == "prefill" else stats.tpot_p99
+        # The p99 as the operator reads it: Prometheus' interpolation over vLLM's buckets.
+        latency = stats.ttft_reported if pool == "prefill" else stats.tpot_reported
         # What the engines' own counters would report: requests and prompt tokens they
         # finished, not arrivals (the backlog shows in the queue).
         signals = Signals(

@@ -38,6 +38,13 @@ class PoolStats:
     tpot_mean: float | None = None
     """Mean time between output tokens, over every token (vLLM's inter-token latency sum
     over its count)."""
+    ttft_reported: float | None = None
+    """The TTFT p99 as Prometheus reads it from vLLM's buckets (what the operator's policy
+    sees; ``ttft_p99`` is the exact one)."""
+    tpot_reported: float | None = None
+    """The inter-token latency p99 as Prometheus reads it from vLLM's buckets: every gap
+    between two tokens is an observation, so long outputs weigh more than in ``tpot_p99``
+    (one mean per request)."""
 
 
 def pools_of(mode: Mode) -> tuple[PoolName, ...]:

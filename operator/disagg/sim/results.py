@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from disagg.autoscale.sizing import quantile
 from disagg.sim.traffic import Request
 
 
@@ -113,6 +115,24 @@ def prefill_phase_times(outcomes: Sequence[Outcome], disaggregated: bool) -> lis
         if o.prefill_started is not None and end is not None:
             times.append(end - o.prefill_started)
     return sorted(times)
+
+
+def reported_p99(
+    observations: Sequence[tuple[float, float]], bounds: Sequence[float]
+) -> float | None:
+    """The p99 Prometheus reports for (value, times observed) pairs: histogram_quantile's
+    interpolation over the engines' bucket bounds, not the exact one (between 1 and 2.5 s
+    it reads anywhere in the bucket). The policy is run on what the operator would read."""
+    ordered = sorted(observations)
+    values = [value for value, _ in ordered]
+    running = list(itertools.accumulate(weight for _, weight in ordered))
+    if not running or running[-1] <= 0:
+        return None
+    counts = []
+    for bound in (*bounds, math.inf):
+        seen = bisect.bisect_right(values, bound)
+        counts.append((bound, running[seen - 1] if seen else 0.0))
+    return quantile(tuple(counts), 0.99)
 
 
 def cumulative_histogram(
