@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from disagg.autoscale.combine import apply_budget
@@ -98,6 +100,34 @@ CASES = [
         "TTFT p99 3000ms vs SLO 2000ms",
     ),
     ("big-breach-capped-2x", "prefill", sig(9.0), 2, 2, PREFILL, None, None, "up", 4, "scale up"),
+    # With a 1 s SLO, a p99 read between vLLM's 1 and 2.5 s bounds says how many prompts
+    # passed 1 s, not how slow they were: one replica more, not twice the pool.
+    (
+        "interpolated-breach",
+        "prefill",
+        sig(2.4),
+        4,
+        4,
+        replace(PREFILL, slo=1.0),
+        None,
+        None,
+        "up",
+        5,
+        "TTFT p99 2400ms vs SLO 1000ms",
+    ),
+    (
+        "beyond-the-bucket",
+        "prefill",
+        sig(2.6),
+        4,
+        4,
+        replace(PREFILL, slo=1.0),
+        None,
+        None,
+        "up",
+        8,
+        "scale up",
+    ),
     # The fleet simulator showed minutes of provisioning turning repeated scale-ups into a 3x
     # overshoot: while replicas start, the ready ones' load decides whether more are needed.
     (

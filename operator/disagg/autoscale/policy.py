@@ -138,6 +138,17 @@ def tolerance(slo: float, buckets: Sequence[float]) -> float:
     return MIN_TOLERANCE
 
 
+def surely_over(p99: float, buckets: Sequence[float]) -> float:
+    """What a p99 read from a histogram says for certain: the lower bound of the bucket it
+    falls in.
+
+    Inside a bucket histogram_quantile interpolates by the share of observations above the
+    bound, not by how slow they were: with vLLM's TTFT buckets a p99 anywhere from 1 to 2.5 s
+    reads between 1 and 2.5 s depending only on how many requests passed 1 s. Sizing on the
+    interpolated value doubles a pool that 1.5% of prompts found slow."""
+    return max((bound for bound in buckets if bound < p99), default=0.0)
+
+
 def _hold(pool: PoolName, current: int, reason: str) -> Decision:
     return Decision(pool, current, current, "hold", reason)
 
@@ -185,7 +196,8 @@ def decide_pool(
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
     label = "TTFT" if pool == "prefill" else "TPOT"
-    band = tolerance(policy.slo, TTFT_BUCKETS if pool == "prefill" else ITL_BUCKETS)
+    buckets = TTFT_BUCKETS if pool == "prefill" else ITL_BUCKETS
+    band = tolerance(policy.slo, buckets)
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
     since = math.inf if last_scale is None else now - last_scale
@@ -299,7 +311,13 @@ def decide_pool(
         # While a scale-up is still loading the model, the load it was meant for is measured
         # on the ready replicas; asking again from the total would stack one step on another.
         base = replicas if starting > 0 else current
-        feedback = max(base + (0 if starting > 0 else 1), math.ceil(base * min(pressure, 2.0)))
+        certain = (
+            surely_over(signals.p99, buckets) / policy.slo
+            if latency_counts and signals.p99 is not None
+            else 0.0
+        )
+        step = max([certain, *gauges])
+        feedback = max(base + (0 if starting > 0 else 1), math.ceil(base * min(step, 2.0)))
     wanted = max(feedback, need.replicas if need else 0)
     if wanted > current and current < policy.max_replicas:
         desired = min(policy.max_replicas, current + behavior.up_step, wanted)
