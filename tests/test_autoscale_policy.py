@@ -460,3 +460,29 @@ def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     assert policies["decode"].step_tokens is None
     # A colocated engine's steps carry decodes too: its budget is not room for prompts.
     assert pool_policies(parse_model(load_example("colocated")))["prefill"].step_tokens is None
+
+
+def test_an_sglang_pool_reads_its_p99_against_sglangs_own_buckets() -> None:
+    from conftest import load_example
+    from disagg.api import parse_model
+    from disagg.autoscale.evaluate import pool_policies
+    from disagg.perf.buckets import SGLANG_ITL_BUCKETS
+
+    decode = pool_policies(parse_model(load_example("sglang-mooncake")))["decode"]
+    assert decode.latency_buckets == SGLANG_ITL_BUCKETS
+    assert pool_policies(parse_model(load_example("minimal")))["decode"].latency_buckets == (
+        ITL_BUCKETS
+    )
+
+    # A 48 ms p99 against a 40 ms SLO: vLLM's 25-50 ms bucket cannot tell it from the SLO
+    # (inside its dead band), SGLang's 40-60 ms bucket can, and its pool scales up.
+    vllm, sglang = (
+        replace(DECODE, slo=0.04, latency_buckets=b) for b in (None, SGLANG_ITL_BUCKETS)
+    )
+    held = decide_pool("decode", sig(0.048), 2, 2, vllm, FAST, PoolMemory(), None, NOW)
+    assert (held.action, held.reason) == (
+        "hold",
+        "within the SLO's 31% tolerance (TPOT p99 48ms vs SLO 40ms)",
+    )
+    raised = decide_pool("decode", sig(0.048), 2, 2, sglang, FAST, PoolMemory(), None, NOW)
+    assert (raised.action, raised.desired) == ("up", 3), raised.reason

@@ -20,7 +20,12 @@ from disagg.api import parse_model
 from disagg.api.resource import ManifestError
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.autoscale.queries import SGLANG, VLLM, MetricNames
-from disagg.perf.buckets import SIM_MAX_MODEL_LEN, length_buckets
+from disagg.perf.buckets import (
+    SGLANG_ITL_BUCKETS,
+    SGLANG_TTFT_BUCKETS,
+    SIM_MAX_MODEL_LEN,
+    length_buckets,
+)
 from disagg.render.engine_args import engine_launch
 from disagg.sim.metrics import EngineMetrics
 from disagg.versions import SGLANG_VERSION, VLLM_VERSION
@@ -119,6 +124,12 @@ def test_every_kv_transfer_key_and_connector_is_one_vllm_defines() -> None:
 def _exported(name: str, kind: str) -> str:
     """The series name Prometheus sees: prometheus_client adds _total to a counter."""
     return f"{name}_total" if kind == "counter" and not name.endswith("_total") else name
+
+
+def test_the_autoscaler_reads_sglang_latency_against_sglangs_default_buckets() -> None:
+    upstream = SGLANG_FACTS["histogram_buckets"]
+    assert list(SGLANG_TTFT_BUCKETS) == upstream["time_to_first_token"]
+    assert list(SGLANG_ITL_BUCKETS) == upstream["inter_token_latency"]
 
 
 def test_the_simulator_exports_vllm_metrics_with_vllm_buckets() -> None:

@@ -18,7 +18,7 @@ import ast
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from source import (
     FactError,
@@ -212,8 +212,32 @@ def sglang_facts(src: Source) -> dict[str, Any]:
         "server_flags": sorted(flags),
         "choices": dict(sorted(choices.items())),
         "metrics": metrics,
+        "histogram_buckets": _sglang_buckets(src.tree(metrics_path), metrics_path),
         "mooncake_tp_guards": _mooncake_tp_guards(src),
     }
+
+
+SGLANG_BUCKET_DEFAULTS: Final = ("bucket_time_to_first_token", "bucket_inter_token_latency")
+
+
+def _sglang_buckets(tree: ast.Module, path: str) -> dict[str, list[float]]:
+    """The default bounds of SGLang's latency histograms: the list each ``bucket_*`` argument
+    of the collector takes when it is None (``--bucket-*`` server flags replace them)."""
+    found: dict[str, list[float]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(target := node.targets[0], ast.Name)
+            and target.id in SGLANG_BUCKET_DEFAULTS
+            and isinstance(node.value, ast.List)
+        ):
+            found[target.id.removeprefix("bucket_")] = [
+                float(v) for v in ast.literal_eval(node.value)
+            ]
+    missing = [name for name in SGLANG_BUCKET_DEFAULTS if name.removeprefix("bucket_") not in found]
+    if missing:
+        raise FactError(f"{path}: no default list for {', '.join(missing)}")
+    return dict(sorted(found.items()))
 
 
 def _sglang_field(

@@ -41,6 +41,7 @@ from disagg.autoscale.policy import (
 from disagg.autoscale.queries import build_queries, pool_selector
 from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
+from disagg.perf.buckets import LATENCY_BUCKETS
 from disagg.status import ScalingRecord
 
 log = logging.getLogger("disagg.autoscaler")
@@ -107,6 +108,7 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
             gpus_per_replica=pool.gpus,
             max_num_seqs=pool.max_num_seqs,
             tensor_parallel=pool.tensor_parallel_size,
+            latency_buckets=LATENCY_BUCKETS[spec.engine.backend][phase],
             # A colocated engine's steps also carry decodes: the budget overstates the room.
             step_tokens=(
                 pool.max_num_batched_tokens

@@ -67,6 +67,9 @@ class PoolPolicy:
     """Prefill: the engines' token budget per step (max-num-batched-tokens) when the spec
     sets it: with it the policy learns what a busy replica computes when its prompts batch
     (PoolMemory.batched_speed)."""
+    latency_buckets: tuple[float, ...] | None = None
+    """The bounds of the histogram the pool's p99 is read from (the engine's defaults: how
+    finely it can tell how far over or under the SLO the pool is); None: vLLM's."""
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,8 @@ def surely_over(p99: float, buckets: Sequence[float]) -> float:
 
     Inside a bucket histogram_quantile interpolates by the share of observations above the
     bound, not by how slow they were: with vLLM's TTFT buckets a p99 anywhere from 1 to 2.5 s
-    reads between 1 and 2.5 s depending only on how many requests passed 1 s. Sizing on the
+    reads between 1 and 2.5 s depending only on how many requests passed 1 s. (Valid for a p99
+    read from these ``buckets``: the engine's own.) Sizing on the
     interpolated value grew a pool by half when 1.5% of its prompts took just over a 1 s SLO."""
     return max((bound for bound in buckets if bound < p99), default=0.0)
 
@@ -206,7 +207,7 @@ def decide_pool(
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
     label = "TTFT" if pool == "prefill" else "TPOT"
-    buckets = TTFT_BUCKETS if pool == "prefill" else ITL_BUCKETS
+    buckets = policy.latency_buckets or (TTFT_BUCKETS if pool == "prefill" else ITL_BUCKETS)
     band = tolerance(policy.slo, buckets)
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
