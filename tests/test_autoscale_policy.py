@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -463,32 +462,27 @@ def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     assert pool_policies(parse_model(load_example("colocated")))["prefill"].step_tokens is None
 
 
-def test_each_pool_reads_its_p99_against_the_buckets_its_engine_exports() -> None:
+def test_an_sglang_pool_reads_its_p99_against_sglangs_own_buckets() -> None:
     from conftest import load_example
     from disagg.api import parse_model
     from disagg.autoscale.evaluate import pool_policies
-    from disagg.perf.buckets import OPERATOR_ITL_BUCKETS, OPERATOR_TTFT_BUCKETS, SGLANG_ITL_BUCKETS
-    from disagg.render.engine_args import engine_launch
+    from disagg.perf.buckets import SGLANG_ITL_BUCKETS
 
-    vllm_model = parse_model(load_example("minimal"))
-    policies = pool_policies(vllm_model)
-    # vLLM exports the bounds the operator renders for it, and the policy reads those.
-    argv = engine_launch(vllm_model.spec, "decode").argv
-    rendered = json.loads(argv[argv.index("--custom-histogram-buckets") + 1])
-    assert tuple(rendered["inter_token_latency"]) == policies["decode"].latency_buckets
-    assert tuple(rendered["inter_token_latency"]) == OPERATOR_ITL_BUCKETS
-    assert tuple(rendered["time_to_first_token"]) == policies["prefill"].latency_buckets
-    assert tuple(rendered["time_to_first_token"]) == OPERATOR_TTFT_BUCKETS
-    sglang = pool_policies(parse_model(load_example("sglang-mooncake")))["decode"]
-    assert sglang.latency_buckets == SGLANG_ITL_BUCKETS
+    decode = pool_policies(parse_model(load_example("sglang-mooncake")))["decode"]
+    assert decode.latency_buckets == SGLANG_ITL_BUCKETS
+    assert pool_policies(parse_model(load_example("minimal")))["decode"].latency_buckets == (
+        ITL_BUCKETS
+    )
 
-    # A 48 ms p99 against a 40 ms SLO: vLLM's default 25-50 ms bucket cannot tell it from the
-    # SLO (inside its dead band); SGLang's 40-60 ms bucket and the rendered 45-50 ms one can.
-    default = replace(DECODE, slo=0.04)
-    held = decide_pool("decode", sig(0.048), 2, 2, default, FAST, PoolMemory(), None, NOW)
-    assert held.action == "hold"
-    assert "within the SLO's 31% tolerance" in held.reason
-    for buckets in (SGLANG_ITL_BUCKETS, OPERATOR_ITL_BUCKETS):
-        finer = replace(default, latency_buckets=buckets)
-        raised = decide_pool("decode", sig(0.048), 2, 2, finer, FAST, PoolMemory(), None, NOW)
-        assert (raised.action, raised.desired) == ("up", 3), raised.reason
+    # A 48 ms p99 against a 40 ms SLO: vLLM's 25-50 ms bucket cannot tell it from the SLO
+    # (inside its dead band), SGLang's 40-60 ms bucket can, and its pool scales up.
+    vllm, sglang = (
+        replace(DECODE, slo=0.04, latency_buckets=b) for b in (None, SGLANG_ITL_BUCKETS)
+    )
+    held = decide_pool("decode", sig(0.048), 2, 2, vllm, FAST, PoolMemory(), None, NOW)
+    assert (held.action, held.reason) == (
+        "hold",
+        "within the SLO's 31% tolerance (TPOT p99 48ms vs SLO 40ms)",
+    )
+    raised = decide_pool("decode", sig(0.048), 2, 2, sglang, FAST, PoolMemory(), None, NOW)
+    assert (raised.action, raised.desired) == ("up", 3), raised.reason

@@ -162,62 +162,6 @@ def test_the_simulator_exports_vllm_metrics_with_vllm_buckets() -> None:
     assert checked_buckets >= 4
 
 
-def test_engine_pods_export_the_latency_buckets_the_operator_renders() -> None:
-    from conftest import load_example
-    from disagg.cli import build_parser
-    from disagg.devcluster.podemu import sim_argv
-    from disagg.render import RenderContext, render_all
-
-    model = parse_model({**load_example("minimal"), "metadata": {"name": "m", "uid": "u"}})
-    deployment = next(
-        o
-        for o in render_all(RenderContext(model))
-        if o["kind"] == "Deployment" and o["metadata"]["labels"].get("disagg.dev/role") == "decode"
-    )
-    template = deployment["spec"]["template"]
-    args = template["spec"]["containers"][0]["args"]
-    rendered = json.loads(args[args.index("--custom-histogram-buckets") + 1])
-    # Families vLLM knows, each keeping every default bound: dashboards read the same series.
-    assert set(rendered) <= set(VLLM_FACTS["histogram_buckets"])
-    for family, bounds in rendered.items():
-        assert set(VLLM_FACTS["histogram_buckets"][family]) <= set(bounds), family
-    # The pod emulator passes them on, and the engine simulator exports them.
-    pod = {**template, "status": {"podIP": "127.0.0.9"}}
-    argv = sim_argv(pod, time_scale=1.0)
-    assert argv is not None
-    options = build_parser().parse_args(["sim", "engine", *argv])
-    metrics = EngineMetrics("m", options.custom_histogram_buckets)
-    metrics.ttft.labels(**metrics.labels)
-    metrics.itl.labels(**metrics.labels)
-    exported = {
-        family.name: [float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")]
-        for family in metrics.registry.collect()
-    }
-    assert exported["vllm:time_to_first_token_seconds"][:-1] == rendered["time_to_first_token"]
-    assert exported["vllm:inter_token_latency_seconds"][:-1] == rendered["inter_token_latency"]
-
-
-@pytest.mark.parametrize(
-    ("value", "error"),
-    [
-        ("[0.1]", "must map a bucket family"),
-        ('{"ttft": [1]}', "unknown bucket family 'ttft'; known:"),
-        ('{"inter_token_latency": [0.02, 0.01]}', "must be strictly increasing"),
-        ('{"inter_token_latency": []}', "non-empty list of finite numbers over 0"),
-        ('{"time_to_first_token": [true]}', "non-empty list of finite numbers over 0"),
-        ("{", "not JSON"),
-    ],
-)
-def test_the_engine_simulator_refuses_histogram_buckets_vllm_would(
-    value: str, error: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from disagg.cli import build_parser
-
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["sim", "engine", "--custom-histogram-buckets", value])
-    assert error in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("names", "facts"), [(VLLM, VLLM_FACTS), (SGLANG, SGLANG_FACTS)], ids=["vllm", "sglang"]
 )

@@ -45,7 +45,6 @@ PASSED_FLAGS: Final = {
     "--max-running-requests": "--max-num-seqs",
     "--tensor-parallel-size": "--tensor-parallel-size",
     "--tp-size": "--tensor-parallel-size",
-    "--custom-histogram-buckets": "--custom-histogram-buckets",
 }
 
 

@@ -18,28 +18,8 @@ SGLANG_TTFT_BUCKETS: Final = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 
 SGLANG_ITL_BUCKETS: Final = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035,
                               0.04, 0.06, 0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0,
                               8.0)  # fmt: skip
-OPERATOR_TTFT_BUCKETS: Final = tuple(sorted({
-    *TTFT_BUCKETS, 0.125, 0.15, 0.175, 0.2, 0.3, 0.35, 0.4, 0.6, 0.9, 1.25, 1.5, 1.75, 2.0, 3.0,
-    3.5, 4.0, 6.0, 9.0, 12.5, 15.0,
-}))  # fmt: skip
-"""vLLM's TTFT bounds plus the ones the operator renders (``--custom-histogram-buckets``):
-10-25% apart from 0.1 to 15 s, where TTFT SLOs lie, so a p99 read from them tells the SLO
-from 10% over it and from 20% under it; vLLM's alone jump from 1 to 2.5 s."""
-OPERATOR_ITL_BUCKETS: Final = tuple(sorted({
-    *ITL_BUCKETS, 0.005, 0.0075, 0.0125, 0.015, 0.0175, 0.02, 0.0225, 0.03, 0.035, 0.04,
-    0.045, 0.06, 0.07, 0.085, 0.125, 0.175, 0.25,
-}))  # fmt: skip
-"""vLLM's inter-token bounds plus the operator's: 10-25% apart from 10 to 100 ms (vLLM's
-alone jump from 25 to 50 ms)."""
-VLLM_CUSTOM_BUCKETS: Final = {
-    "time_to_first_token": OPERATOR_TTFT_BUCKETS,
-    "inter_token_latency": OPERATOR_ITL_BUCKETS,
-}
-"""What the operator passes vLLM as ``--custom-histogram-buckets`` (families as vLLM's
-``custom_histogram_buckets`` names them): every default bound kept, so dashboards read the
-same series, with more of them."""
 LATENCY_BUCKETS: Final = {
-    "vllm": {"prefill": OPERATOR_TTFT_BUCKETS, "decode": OPERATOR_ITL_BUCKETS},
+    "vllm": {"prefill": TTFT_BUCKETS, "decode": ITL_BUCKETS},
     "sglang": {"prefill": SGLANG_TTFT_BUCKETS, "decode": SGLANG_ITL_BUCKETS},
 }
 """By engine and phase: the bounds of the histogram a pool's latency p99 is read from (TTFT

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from disagg.api.spec import DisaggregatedModelSpec, EnvVar, Role
-from disagg.perf.buckets import VLLM_CUSTOM_BUCKETS
 
 VLLM_PORT: Final = 8000
 SGLANG_PORT: Final = 30000
@@ -119,9 +118,6 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     else:
         config = json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
         argv += ["--kv-transfer-config", config]
-    # Bounds around where SLOs lie, so the autoscaler's p99s resolve the SLO (perf/buckets.py).
-    buckets = {family: list(bounds) for family, bounds in VLLM_CUSTOM_BUCKETS.items()}
-    argv += ["--custom-histogram-buckets", json.dumps(buckets, separators=(",", ":"))]
     argv += ["--disable-access-log-for-endpoints", "/health,/metrics"]
     return argv
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import itertools
-import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -18,7 +15,6 @@ from aiohttp import web
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
 from disagg.sim.engine import Engine, EngineConfig, Faults
-from disagg.sim.metrics import HISTOGRAM_FAMILIES
 from disagg.sim.server import build_app
 
 
@@ -94,44 +90,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     eng.add_argument(
         "--advertise-host", help="host announced in kv_transfer_params (default: --host or $POD_IP)"
     )
-    eng.add_argument(
-        "--custom-histogram-buckets",
-        type=_histogram_buckets,
-        default={},
-        help="as vLLM's: JSON mapping a bucket family to its bounds (TTFT and inter-token apply)",
-    )
     eng.add_argument("--fault-added-latency-ms", type=float, default=0.0)
     eng.add_argument("--fault-error-rate", type=float, default=0.0)
     eng.add_argument("--fault-crash-after", type=int)
     eng.set_defaults(func=cmd_engine)
-
-
-def _histogram_buckets(text: str) -> dict[str, tuple[float, ...]]:
-    """vLLM's --custom-histogram-buckets: families the simulator exports, each with strictly
-    increasing, positive, finite bounds."""
-    try:
-        value = json.loads(text)
-    except ValueError as bad:
-        raise argparse.ArgumentTypeError(f"not JSON: {bad}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must map a bucket family to a list of bounds")
-    buckets: dict[str, tuple[float, ...]] = {}
-    for family, bounds in value.items():
-        if family not in HISTOGRAM_FAMILIES:
-            known = ", ".join(sorted(HISTOGRAM_FAMILIES))
-            raise argparse.ArgumentTypeError(f"unknown bucket family {family!r}; known: {known}")
-        numbers = bounds if isinstance(bounds, list) else []
-        if not numbers or not all(
-            isinstance(b, int | float) and not isinstance(b, bool) and 0 < b < math.inf
-            for b in numbers
-        ):
-            raise argparse.ArgumentTypeError(
-                f"{family}: bounds must be a non-empty list of finite numbers over 0"
-            )
-        if any(a >= b for a, b in itertools.pairwise(numbers)):
-            raise argparse.ArgumentTypeError(f"{family}: bounds must be strictly increasing")
-        buckets[family] = tuple(float(b) for b in numbers)
-    return buckets
 
 
 def _config(args: argparse.Namespace) -> EngineConfig:
@@ -167,7 +129,6 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         kv_port=args.kv_port,
         prefix_caching=args.enable_prefix_caching,
         block_size=args.block_size,
-        histogram_buckets=args.custom_histogram_buckets,
     )
 
 

@@ -25,11 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from disagg.perf.buckets import (
-    OPERATOR_ITL_BUCKETS,
-    OPERATOR_TTFT_BUCKETS,
-    REQUEST_LATENCY_BUCKETS,
-)
+from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
@@ -304,9 +300,9 @@ class Fleet:
             prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
             prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
             tpot_mean=sum(n * t for n, t in streams) / gaps if gaps else None,
-            ttft_reported=reported_p99([(t, 1.0) for t in ttfts], OPERATOR_TTFT_BUCKETS),
+            ttft_reported=reported_p99([(t, 1.0) for t in ttfts], TTFT_BUCKETS),
             # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
-            tpot_reported=reported_p99([(t, float(n)) for n, t in streams], OPERATOR_ITL_BUCKETS),
+            tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),
         )
 
     def _scale(self, pool: PoolName, desired: int) -> None:

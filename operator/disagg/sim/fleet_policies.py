@@ -50,7 +50,7 @@ class SloPolicy:
         return self._memory.setdefault(pool, PoolMemory())
 
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
-        # The p99 as the operator reads it: Prometheus' interpolation over the engines' buckets.
+        # The p99 as the operator reads it: Prometheus' interpolation over vLLM's buckets.
         latency = stats.ttft_reported if pool == "prefill" else stats.tpot_reported
         # What the engines' own counters would report: requests and prompt tokens they
         # finished, not arrivals (the backlog shows in the queue).

@@ -39,10 +39,10 @@ class PoolStats:
     """Mean time between output tokens, over every token (vLLM's inter-token latency sum
     over its count)."""
     ttft_reported: float | None = None
-    """The TTFT p99 as Prometheus reads it from the buckets the operator has vLLM export
-    (what the operator's policy sees; ``ttft_p99`` is the exact one)."""
+    """The TTFT p99 as Prometheus reads it from vLLM's buckets (what the operator's policy
+    sees; ``ttft_p99`` is the exact one)."""
     tpot_reported: float | None = None
-    """The inter-token latency p99 as Prometheus reads it from the same buckets: every gap
+    """The inter-token latency p99 as Prometheus reads it from vLLM's buckets: every gap
     between two tokens is an observation, so long outputs weigh more than in ``tpot_p99``
     (one mean per request)."""
 

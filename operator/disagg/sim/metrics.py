@@ -10,7 +10,6 @@ bucket edge turning a 10% rise of a 10 ms decode step into a doubled p99.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -24,12 +23,6 @@ from disagg.perf.buckets import (
 )
 
 LABELS: Final = ("model_name", "engine")
-HISTOGRAM_FAMILIES: Final = frozenset({
-    "request_latency", "time_to_first_token", "inter_token_latency", "iteration_tokens",
-    "request_params_n", "request_num_preemptions", "request_tokens", "kv_cache_residency",
-})  # fmt: skip
-"""vLLM's bucket families (``--custom-histogram-buckets`` keys); the simulator applies
-``time_to_first_token`` and ``inter_token_latency``, the ones the autoscaler reads."""
 NIXL_BYTES_BUCKETS: Final = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 """vLLM's: 2 KiB to 8 GiB, a power of four apart (modelled bytes, not the scaled ones sent)."""
 HOST_LAG_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -42,35 +35,29 @@ FINE_ITL_BUCKETS: Final = (
 class EngineMetrics:
     """One registry per simulated engine, labelled like a vLLM DP rank 0."""
 
-    def __init__(
-        self, model_name: str, custom_buckets: Mapping[str, Sequence[float]] | None = None
-    ) -> None:
+    def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.labels = {"model_name": model_name, "engine": "0"}
-        # vLLM's --custom-histogram-buckets replaces a family's bounds in every histogram of it.
-        custom = custom_buckets or {}
-        ttft_bounds = tuple(custom.get("time_to_first_token", TTFT_BUCKETS))
-        itl_bounds = tuple(custom.get("inter_token_latency", ITL_BUCKETS))
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             LABELS,
-            buckets=ttft_bounds,
+            buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             LABELS,
-            buckets=itl_bounds,
+            buckets=ITL_BUCKETS,
             registry=r,
         )
         self.tpot = Histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
             LABELS,
-            buckets=itl_bounds,
+            buckets=ITL_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(

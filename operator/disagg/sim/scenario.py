@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from disagg.autoscale.policy import Behavior, PoolPolicy
-from disagg.perf.buckets import LATENCY_BUCKETS
 from disagg.perf.fitted import latency_model
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import NETWORKS, EngineShape, StepTime, kv_capacity_tokens
@@ -131,14 +130,12 @@ def build_policy(scenario: Scenario, config: FleetConfig) -> ScalingPolicy:
                 "prefill": PoolPolicy(
                     scenario.ttft, 1, high, scenario.prefill_tp,
                     tensor_parallel=scenario.prefill_tp,
-                    latency_buckets=LATENCY_BUCKETS["vllm"]["prefill"],
                     # Colocated steps also carry decodes: the budget overstates the room.
                     step_tokens=None if colocated else config.budget["prefill"],
                 ),
                 "decode": PoolPolicy(
                     scenario.tpot, 1, high, scenario.decode_tp, scenario.max_num_seqs,
                     tensor_parallel=scenario.decode_tp,
-                    latency_buckets=LATENCY_BUCKETS["vllm"]["decode"],
                 ),
             },
             Behavior(window=config.window),
