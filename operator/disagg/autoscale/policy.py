@@ -144,9 +144,9 @@ def surely_over(p99: float, buckets: Sequence[float]) -> float:
 
     Inside a bucket histogram_quantile interpolates by the share of observations above the
     bound, not by how slow they were: with vLLM's TTFT buckets a p99 anywhere from 1 to 2.5 s
-    reads between 1 and 2.5 s depending only on how many requests passed 1 s. (Valid for a p99
-    read from these ``buckets``: the engine's own.) Sizing on the
-    interpolated value grew a pool by half when 1.5% of its prompts took just over a 1 s SLO."""
+    reads between 1 and 2.5 s depending only on how many requests passed 1 s. Sizing on the
+    interpolated value grew a pool by half when 1.5% of its prompts took just over a 1 s SLO.
+    (Certain for a p99 read from these ``buckets``: they must be the engine's own.)"""
     return max((bound for bound in buckets if bound < p99), default=0.0)
 
 
