@@ -125,23 +125,22 @@ def reported_p99(
     it reads anywhere in the bucket). The policy is run on what the operator would read."""
     ordered = sorted(observations)
     values = [value for value, _ in ordered]
-    running = list(itertools.accumulate(weight for _, weight in ordered))
-    if not running or running[-1] <= 0:
-        return None
-    counts = []
-    for bound in (*bounds, math.inf):
-        seen = bisect.bisect_right(values, bound)
-        counts.append((bound, running[seen - 1] if seen else 0.0))
-    return quantile(tuple(counts), 0.99)
+    return quantile(cumulative_histogram(values, bounds, [n for _, n in ordered]), 0.99)
 
 
 def cumulative_histogram(
-    ordered: Sequence[float], bounds: Sequence[float]
+    ordered: Sequence[float], bounds: Sequence[float], weights: Sequence[float] | None = None
 ) -> tuple[tuple[float, float], ...]:
-    """Sorted values as a Prometheus-style cumulative histogram with a +Inf bucket (empty for
-    no values)."""
+    """Sorted values (each observed ``weights[i]`` times; once without weights) as a
+    Prometheus-style cumulative histogram with a +Inf bucket (empty for no values)."""
     if not ordered:
         return ()
-    return tuple(
-        (bound, float(bisect.bisect_right(ordered, bound))) for bound in (*bounds, math.inf)
-    )
+    totals = None if weights is None else list(itertools.accumulate(weights))
+
+    def at_or_below(bound: float) -> float:
+        seen = bisect.bisect_right(ordered, bound)
+        if totals is None:
+            return float(seen)
+        return totals[seen - 1] if seen else 0.0
+
+    return tuple((bound, at_or_below(bound)) for bound in (*bounds, math.inf))
