@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from disagg.api.affinity import Affinity
 from disagg.api.autoscaling import (
@@ -31,6 +32,7 @@ from disagg.api.scheduling import (
     Toleration,
     label_keys_rule,
 )
+from disagg.perf.engine_buckets import latency_buckets
 
 Backend = Literal["vllm", "sglang"]
 KvConnector = Literal["nixl", "mooncake", "lmcache"]
@@ -65,7 +67,9 @@ class EngineSpec(ApiModel):
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=256,
-        description="Extra engine arguments appended for both pools.",
+        description="Extra engine arguments appended for both pools. Latency buckets set "
+        "here (vLLM's --custom-histogram-buckets, SGLang's --bucket-time-to-first-token and "
+        "--bucket-inter-token-latency) are the ones the autoscaler reads p99s against.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -150,7 +154,8 @@ class PoolSpec(ApiModel):
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=256,
-        description="Extra engine arguments for this pool only.",
+        description="Extra engine arguments for this pool only, after the engine-wide ones "
+        "(the last of a repeated flag wins).",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
@@ -297,6 +302,26 @@ class DisaggregatedModelSpec(ApiModel):
             field_path=".autoscaling.mode",
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_latency_buckets(self) -> DisaggregatedModelSpec:
+        """Latency buckets set through extraArgs must be ones the engine takes: the
+        autoscaler reads p99s against them, and the engine would refuse to start on others.
+        (Python only: CEL cannot parse the JSON of vLLM's flag.)"""
+        backend = self.engine.backend
+        checks = [(".engine.extraArgs", self.engine.extra_args)] + [
+            (f".{name}.extraArgs", [*self.engine.extra_args, *pool.extra_args])
+            for name, pool in (("prefill", self.prefill), ("decode", self.decode))
+            if pool.extra_args
+        ]
+        for where, args in checks:
+            try:
+                latency_buckets(backend, args)
+            except ValueError as error:
+                raise PydanticCustomError(
+                    "rule", "{message}", {"message": str(error), "field_path": where}
+                ) from None
+        return self
 
     def pool(self, role: Role) -> PoolSpec:
         """The spec of one pool (the colocated engine pool is configured by ``decode``)."""

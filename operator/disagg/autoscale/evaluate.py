@@ -41,7 +41,7 @@ from disagg.autoscale.policy import (
 from disagg.autoscale.queries import build_queries, pool_selector
 from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
-from disagg.perf.buckets import LATENCY_BUCKETS
+from disagg.perf.engine_buckets import latency_buckets
 from disagg.status import ScalingRecord
 
 log = logging.getLogger("disagg.autoscaler")
@@ -101,6 +101,8 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
     policies: dict[PoolName, PoolPolicy] = {}
     for phase in POOLS:
         pool = spec.pool(_pool_of(model, phase))
+        # The buckets its p99 is read from: the engine's, or the ones extraArgs set.
+        buckets = latency_buckets(spec.engine.backend, [*spec.engine.extra_args, *pool.extra_args])
         policies[phase] = PoolPolicy(
             slo=slos[phase],
             min_replicas=pool.autoscaling.min_replicas,
@@ -108,7 +110,7 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
             gpus_per_replica=pool.gpus,
             max_num_seqs=pool.max_num_seqs,
             tensor_parallel=pool.tensor_parallel_size,
-            latency_buckets=LATENCY_BUCKETS[spec.engine.backend][phase],
+            latency_buckets=buckets[phase],
             # A colocated engine's steps also carry decodes: the budget overstates the room.
             step_tokens=(
                 pool.max_num_batched_tokens

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -25,6 +26,7 @@ from typing import Any, Final
 import httpx
 
 from disagg.kube.client import KubeClient, KubeError
+from disagg.perf.engine_buckets import VLLM_FLAG, vllm_custom_buckets
 from disagg.perf.profiles import model_profile
 
 log = logging.getLogger("disagg.podemu")
@@ -77,9 +79,10 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
         value = _flag(args, engine_flag)
         if value is not None and sim_flag not in argv:
             argv += [sim_flag, value]
-    model = (
-        args[2] if len(args) > 2 and args[:2] == ["vllm", "serve"] else _flag(args, "--model-path")
-    )
+    vllm = args[:2] == ["vllm", "serve"]
+    if vllm:
+        argv += _latency_buckets(args)
+    model = args[2] if len(args) > 2 and vllm else _flag(args, "--model-path")
     if model and "--model-profile" not in extra:
         with contextlib.suppress(KeyError):  # unknown model: the simulator's default profile
             argv += ["--model-profile", model_profile(model.rsplit("/models/", 1)[-1]).name]
@@ -89,6 +92,19 @@ def sim_argv(pod: dict[str, Any], time_scale: float, extra: Sequence[str] = ()) 
 def _last(argv: Sequence[str], flag: str) -> str:
     """The value of the last ``flag`` (argparse lets a later one win)."""
     return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
+
+
+def _latency_buckets(args: Sequence[str]) -> list[str]:
+    """The TTFT and inter-token bounds a vLLM pod's arguments set (extraArgs may), as one
+    ``--custom-histogram-buckets`` the simulator takes: it exports what the engine would."""
+    try:
+        custom = vllm_custom_buckets(args)
+    except ValueError:  # the operator refuses such a spec before a pod has it
+        return []
+    latency = {
+        f: list(custom[f]) for f in ("time_to_first_token", "inter_token_latency") if f in custom
+    }
+    return [VLLM_FLAG, json.dumps(latency, separators=(",", ":"))] if latency else []
 
 
 def router_argv(pod: dict[str, Any], kubeconfig: str) -> list[str] | None:

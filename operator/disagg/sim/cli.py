@@ -14,6 +14,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
+from disagg.perf.engine_buckets import VLLM_FLAG, vllm_custom_buckets
 from disagg.sim.engine import Engine, EngineConfig, Faults
 from disagg.sim.server import build_app
 
@@ -90,10 +91,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     eng.add_argument(
         "--advertise-host", help="host announced in kv_transfer_params (default: --host or $POD_IP)"
     )
+    eng.add_argument(
+        "--custom-histogram-buckets",
+        type=_histogram_buckets,
+        default={},
+        help="as vLLM's: JSON mapping a bucket family to its bounds (TTFT and inter-token apply)",
+    )
     eng.add_argument("--fault-added-latency-ms", type=float, default=0.0)
     eng.add_argument("--fault-error-rate", type=float, default=0.0)
     eng.add_argument("--fault-crash-after", type=int)
     eng.set_defaults(func=cmd_engine)
+
+
+def _histogram_buckets(text: str) -> dict[str, tuple[float, ...]]:
+    """vLLM's --custom-histogram-buckets, refused as vLLM refuses it."""
+    try:
+        return vllm_custom_buckets([VLLM_FLAG, text])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _config(args: argparse.Namespace) -> EngineConfig:
@@ -129,6 +144,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
         kv_port=args.kv_port,
         prefix_caching=args.enable_prefix_caching,
         block_size=args.block_size,
+        histogram_buckets=args.custom_histogram_buckets,
     )
 
 

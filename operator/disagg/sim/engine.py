@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -110,6 +110,8 @@ class EngineConfig:
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     prefix_caching: bool = False
     block_size: int = DEFAULT_BLOCK_SIZE
+    histogram_buckets: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    """vLLM's ``--custom-histogram-buckets``: bounds by family that replace the defaults."""
 
 
 @dataclass
@@ -143,7 +145,7 @@ class Engine:
             prefix_cache=cache,
             block_size=config.block_size,
         )
-        self.metrics = EngineMetrics(config.served_model_name)
+        self.metrics = EngineMetrics(config.served_model_name, config.histogram_buckets)
         self.lender = KvLender(config.kv_lease_seconds * config.time_scale, self._release_held)
         self.kv_port = config.kv_port
         self.accepted = 0

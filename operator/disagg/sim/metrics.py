@@ -10,6 +10,7 @@ bucket edge turning a 10% rise of a 10 ms decode step into a doubled p99.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -35,7 +36,13 @@ FINE_ITL_BUCKETS: Final = (
 class EngineMetrics:
     """One registry per simulated engine, labelled like a vLLM DP rank 0."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(
+        self, model_name: str, custom_buckets: Mapping[str, Sequence[float]] | None = None
+    ) -> None:
+        # vLLM's --custom-histogram-buckets replaces a family's bounds in every histogram of it.
+        custom = custom_buckets or {}
+        ttft_bounds = tuple(custom.get("time_to_first_token", TTFT_BUCKETS))
+        itl_bounds = tuple(custom.get("inter_token_latency", ITL_BUCKETS))
         self.registry = CollectorRegistry()
         r = self.registry
         self.labels = {"model_name": model_name, "engine": "0"}
@@ -43,21 +50,21 @@ class EngineMetrics:
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             LABELS,
-            buckets=TTFT_BUCKETS,
+            buckets=ttft_bounds,
             registry=r,
         )
         self.itl = Histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             LABELS,
-            buckets=ITL_BUCKETS,
+            buckets=itl_bounds,
             registry=r,
         )
         self.tpot = Histogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
             LABELS,
-            buckets=ITL_BUCKETS,
+            buckets=itl_bounds,
             registry=r,
         )
         self.e2e = Histogram(
