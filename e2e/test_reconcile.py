@@ -325,3 +325,39 @@ def test_a_spec_a_stale_crd_accepts_but_the_operator_rejects_degrades(
     _apply(kube, namespace, manifest)
     _wait_condition(kube, namespace, "qwen-small", "Ready", "True")
     _wait_condition(kube, namespace, "qwen-small", "Degraded", "False")
+
+
+def test_latency_buckets_an_engine_would_refuse_leave_the_running_pools_alone(
+    kube: Kube, operator: Operator, namespace: str
+) -> None:
+    manifest = _example("minimal")
+    _apply(kube, namespace, manifest)
+    _wait_condition(kube, namespace, "qwen-small", "Ready", "True")
+    decode = kube.get("deployment", "qwen-small-decode", namespace)
+    serving = decode["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    # The API server cannot parse the flag's JSON; the operator refuses it and says where.
+    descending = json.dumps({"inter_token_latency": [0.05, 0.02]})
+    manifest["spec"]["decode"] = {"extraArgs": ["--custom-histogram-buckets", descending]}
+    _apply(kube, namespace, manifest)
+    degraded = _wait_condition(kube, namespace, "qwen-small", "Degraded", "True")
+    assert degraded["reason"] == "InvalidSpec"
+    assert "spec.decode.extraArgs" in degraded["message"]
+    assert "strictly increasing" in degraded["message"]
+    decode = kube.get("deployment", "qwen-small-decode", namespace)
+    assert decode["spec"]["template"]["spec"]["containers"][0]["args"] == serving
+
+    ascending = json.dumps({"inter_token_latency": [0.02, 0.05]})
+    manifest["spec"]["decode"] = {"extraArgs": ["--custom-histogram-buckets", ascending]}
+    _apply(kube, namespace, manifest)
+    _wait_condition(kube, namespace, "qwen-small", "Degraded", "False")
+    wait_for(
+        "the decode pool to start with the buckets",
+        lambda: (
+            ascending
+            in kube.get("deployment", "qwen-small-decode", namespace)["spec"]["template"]["spec"][
+                "containers"
+            ][0]["args"]
+        ),
+        timeout=30,
+    )
