@@ -4,6 +4,7 @@ proportional scale-down and the look-back learned from flaps."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -153,6 +154,40 @@ def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy
     # prompts a minute: four replicas are 75% busy and meet the wait target with that
     # estimate's error on top. (Sizing the look-back for 25% more load than seen kept five.)
     assert run_prefill(30.0, 8, 900) == [(300.0, 8, 4)]
+
+
+# Long-context prompts of widely varying length (prefill alone from under 0.25 s to 5 s).
+LONG_PROMPTS = ((0.25, 40.0), (0.5, 65.0), (1.0, 85.0), (2.5, 98.0), (5.0, 100.0),
+                (float("inf"), 100.0))  # fmt: skip
+
+
+def test_a_prefill_pool_that_read_few_prompts_of_varying_length_keeps_room_for_their_mean() -> None:
+    # 0.5 req/s of 12k-token prompts at 20k tokens/s against a 3 s TTFT SLO: a minute shows
+    # 30 prompts, and with these sizes their mean is off by about a fifth either way. That
+    # error sets how long each prompt waits behind another, not only the load: three
+    # replicas stay (two, when it was counted on the rate alone, and the next window of
+    # longer prompts grew the pool back).
+    policy = replace(PREFILL, slo=3.0)
+
+    def downs(window: float) -> list[tuple[float, int]]:
+        rules, memory = replace(RULES, window=window), PoolMemory(prefill_speed=20_000)
+        replicas, moves = 6, []
+        for t in range(0, 600, 15):
+            signals = prefill(
+                1.0, 0.5, at=NOW + t, prefill_buckets=LONG_PROMPTS, prompt_tokens_rate=6000.0,
+                prefill_seconds=0.6,
+            )  # fmt: skip
+            decision = decide_pool(
+                "prefill", signals, replicas, replicas, policy, rules, memory, None, NOW + t
+            )
+            if decision.action == "down":
+                moves.append((float(t), decision.desired))
+                replicas = decision.desired
+        return moves
+
+    assert downs(window=60) == [(300.0, 3)]
+    # The same load read over ten minutes (300 prompts) is known well enough for two.
+    assert downs(window=600) == [(300.0, 2)]
 
 
 # 1.1% of the prompts take 1.8-2 s of prefill alone: none misses a 2 s TTFT SLO alone, but

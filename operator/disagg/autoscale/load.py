@@ -66,14 +66,21 @@ class Need:
 
 
 def prefill_floor(
-    arrival_rate: float, service: float, budgets: sizing.Budgets, limit: int, margin: float
-) -> int:
+    arrival_rate: float, service: float, budgets: sizing.Budgets, limit: int, events: float,
+    spread: float,
+) -> int:  # fmt: skip
     """The fewest prefill replicas a scale-down may leave for these arrivals: kept busy at
     most DOWN_HEADROOM of the time, and meeting the wait target were the load one estimate
-    error (``margin``) above what it reads."""
-    erlangs = arrival_rate * service
+    error above what it reads. Read from ``events`` prompts whose sizes have squared
+    coefficient of variation ``spread``, the count is off by about 1/sqrt(events) and their
+    mean size by sqrt(spread/events); the mean size sets how long each prompt waits behind
+    another as well as the load, so its error is taken on the service time, not the rate
+    (a window that happened to see short prompts had shrunk a pool the next one grew back)."""
+    longer = service * (1 + math.sqrt(spread / max(1.0, events)))
+    erlangs = arrival_rate * longer
     busy = math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
-    return max(sizing.prefill_replicas(arrival_rate * margin, service, budgets, limit), busy)
+    arrivals = arrival_rate * sizing.noise(events)
+    return max(sizing.prefill_replicas(arrivals, longer, budgets, limit), busy)
 
 
 def feed_forward(
@@ -116,12 +123,11 @@ def feed_forward(
         if memory.batched_speed and learned_on and mean_prompt <= BATCHED_MIX * learned_on:
             batched = max(speed, memory.batched_speed)
         n = sizing.prefill_replicas(arrivals, mean_prompt / batched, budgets, limit)
-        margin = sizing.noise(events, sizes)
-        keep = prefill_floor(arrivals, service, budgets, limit, margin)
+        keep = prefill_floor(arrivals, service, budgets, limit, events, sizes)
         # While a backlog drains the engines finish more than arrives: what arrived over the
         # rate window is what they finished in it plus what the queue grew by in it.
         seen = max(0.0, rate + memory.window_queue_change) * headroom
-        sustained = prefill_floor(seen, service, budgets, limit, margin)
+        sustained = prefill_floor(seen, service, budgets, limit, events, sizes)
         waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         speeds = f"{speed:.0f}"
         if batched > speed:
