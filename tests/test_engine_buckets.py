@@ -73,6 +73,10 @@ def test_the_autoscaler_reads_an_sglang_pool_against_its_bucket_flags() -> None:
             "bounds must be strictly increasing (1 then 0.5)",
         ),
         ("minimal", "engine", [VLLM_FLAG], "is missing its value"),
+        # argparse would take these for the flag, so the buckets would change unseen.
+        ("minimal", "prefill", ["--custom", "{}"], "abbreviates --custom-histogram-buckets"),
+        ("minimal", "decode", ["--custom_hist.x", "[1]"], "abbreviates --custom-histogram-buckets"),
+        ("sglang-mooncake", "decode", ["--bucket-inter", "1"], "abbreviates --bucket-inter"),
         ("sglang-mooncake", "decode", ["--bucket-inter-token-latency", "0", "0.1"], "'0'"),
         ("sglang-mooncake", "engine", ["--bucket-time-to-first-token", "--log-level"], "missing"),
     ],
@@ -96,6 +100,12 @@ def test_the_flags_and_families_are_the_pinned_engines_own() -> None:
     # request_tokens' defaults depend on the context length, so the facts leave it out.
     assert set(VLLM_FACTS["histogram_buckets"]) | {"request_tokens"} == VLLM_FAMILIES
     assert set(SGLANG_PHASE_FLAG.values()) <= set(SGLANG_FACTS["server_flags"])
+    # No other flag is a prefix of these, so a prefix of them can only abbreviate them.
+    for flag, flags in [
+        (VLLM_FLAG, VLLM_FACTS["serve_flags"]),
+        *((f, SGLANG_FACTS["server_flags"]) for f in SGLANG_PHASE_FLAG.values()),
+    ]:
+        assert [other for other in flags if other != flag and flag.startswith(other)] == []
 
 
 def _exported_bounds(metrics: EngineMetrics, name: str) -> list[float]:

@@ -50,11 +50,22 @@ def latency_buckets(backend: str, args: Sequence[str]) -> dict[Phase, tuple[floa
             for phase, family in VLLM_PHASE_FAMILY.items()
         }
     result = dict(defaults)
+    for arg in args:
+        if arg.startswith("--"):
+            _refuse_abbreviation(arg.split("=", 1)[0], tuple(SGLANG_PHASE_FLAG.values()))
     for phase, flag in SGLANG_PHASE_FLAG.items():
         values = _sglang_list(args, flag)
         if values is not None:
             result[phase] = _bounds(flag, values)
     return result
+
+
+def _refuse_abbreviation(name: str, flags: tuple[str, ...]) -> None:
+    """argparse takes a unique prefix of a flag for the flag; no engine flag is a prefix of
+    these (a test holds that to the pinned releases), so such a name can only be one."""
+    for flag in flags:
+        if len(name) > 2 and name != flag and flag.startswith(name):
+            raise ValueError(f"{name} abbreviates {flag}: spell it in full")
 
 
 def _vllm_name(arg: str) -> str:
@@ -74,6 +85,7 @@ def vllm_custom_buckets(args: Sequence[str]) -> dict[str, tuple[float, ...]]:
     while index < len(args):
         arg = args[index]
         name = _vllm_name(arg) if arg.startswith("--") else ""
+        _refuse_abbreviation(name.partition(".")[0], (VLLM_FLAG,))
         inline = arg.split("=", 1)[1] if "=" in arg else None
         if name == VLLM_FLAG or name.startswith(VLLM_FLAG + "."):
             if inline is None:
