@@ -419,13 +419,15 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
     )
     assert "vllm:prompt_tokens_total" in vllm["promptTokensRate"]
     assert "_sum" in vllm["prefillSeconds"] and "_count" in vllm["prefillSeconds"]
-    # SGLang has no prefill-phase histogram: those signals are absent (latency decides),
-    # unless the user supplies a query for them.
+    # SGLang times every request stage in one histogram: the prefill phase is one stage.
     sglang = build_queries("sglang", "ns", "m", "prefill", 60)
-    assert (
-        "prefillBuckets" not in sglang
-        and "sglang:prompt_tokens_total" in sglang["promptTokensRate"]
+    assert sglang["prefillBuckets"] == (
+        "sum by (le) (rate(sglang:per_stage_req_latency_seconds_bucket"
+        '{namespace="ns",disagg_model="m",disagg_role="prefill",stage="prefill_forward"}[60s]))'
     )
+    assert sglang["prefillSeconds"].count('stage="prefill_forward"') == 2
+    assert "sglang:prompt_tokens_total" in sglang["promptTokensRate"]
+    # Another SGLang version names its stages otherwise: a query override names it.
     custom = build_queries("sglang", "ns", "m", "prefill", 60, {"prefillBuckets": "x{$selector}"})
     assert custom["prefillBuckets"].startswith("x{namespace=")
     # Bucket rates by le, as Prometheus returns them, become an ascending histogram.

@@ -174,10 +174,18 @@ def test_every_metric_the_autoscaler_reads_exists_upstream(
     else:
         series = set(facts["metrics"])
     for field, name in vars(names).items():
-        if name is None:
+        if name is None or field == "prefill_matcher":
             continue
         base = name.removesuffix("_count")
         assert base in series, f"{facts['version']} exports no {name} ({field})"
+
+
+def test_sglangs_prefill_phase_is_a_stage_it_times() -> None:
+    # The stage SGLang observes from a request's first forward to its prefill finishing.
+    assert (
+        SGLANG.prefill_matcher == f',stage="{SGLANG_FACTS["observed_stages"]["PREFILL_FORWARD"]}"'
+    )
+    assert VLLM.prefill_matcher == ""
 
 
 def _larger_is_multiple(a: int, b: int) -> bool:

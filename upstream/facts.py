@@ -213,8 +213,37 @@ def sglang_facts(src: Source) -> dict[str, Any]:
         "choices": dict(sorted(choices.items())),
         "metrics": metrics,
         "histogram_buckets": _sglang_buckets(src.tree(metrics_path), metrics_path),
+        "observed_stages": _sglang_observed_stages(src),
         "mooncake_tp_guards": _mooncake_tp_guards(src),
     }
+
+
+def _sglang_observed_stages(src: Source) -> dict[str, str]:
+    """The request stages SGLang times in ``sglang:per_stage_req_latency_seconds``: each
+    ``RequestStage`` attribute built with ``metrics_is_observed=True``, by attribute, with the
+    ``stage`` label value it gets."""
+    path = "sglang/srt/observability/req_time_stats.py"
+    classes = [n for n in ast.walk(src.tree(path)) if isinstance(n, ast.ClassDef)]
+    stage_class = next((c for c in classes if c.name == "RequestStage"), None)
+    if stage_class is None:
+        raise FactError(f"{path}: class RequestStage is gone")
+    stages: dict[str, str] = {}
+    for node in stage_class.body:
+        if not (
+            isinstance(node, ast.Assign)
+            and isinstance(target := node.targets[0], ast.Name)
+            and isinstance(call := node.value, ast.Call)
+            and name_of(call.func) == "RequestStageConfig"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+        ):
+            continue
+        observed = keyword(call, "metrics_is_observed")
+        if isinstance(observed, ast.Constant) and observed.value is True:
+            stages[target.id] = str(call.args[0].value)
+    if not stages:
+        raise FactError(f"{path}: no RequestStage is observed in metrics")
+    return dict(sorted(stages.items()))
 
 
 SGLANG_BUCKET_DEFAULTS: Final = ("bucket_time_to_first_token", "bucket_inter_token_latency")

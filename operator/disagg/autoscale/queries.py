@@ -45,9 +45,10 @@ class MetricNames:
     requests: str
     prompt_tokens: str
     prefill_time: str | None
-    """Histogram of the prefill phase alone (scheduled to first token). SGLang times stages
-    in ``sglang:per_stage_req_latency_seconds{stage=...}`` with stage names that change
-    between versions, so it has none by default (a query override can supply one)."""
+    """Histogram of the prefill phase alone (scheduled to first token)."""
+    prefill_matcher: str = ""
+    """Label matchers that pick the prefill phase out of ``prefill_time`` (SGLang times
+    every request stage in one histogram)."""
     generation_tokens: str | None = None
     prompt_lengths: str | None = None
     """Histogram of prompt tokens per request (vLLM always; SGLang with
@@ -74,7 +75,11 @@ SGLANG: Final = MetricNames(
     kv_usage="sglang:token_usage",
     requests="sglang:e2e_request_latency_seconds_count",
     prompt_tokens="sglang:prompt_tokens_total",
-    prefill_time=None,
+    # SGLang 0.5.23 observes "prefill_forward" from a request's first forward to its prefill
+    # finishing, chunks included (observability/req_time_stats.py; in upstream/facts.json).
+    # The stage names change between SGLang versions; a query override can name another.
+    prefill_time="sglang:per_stage_req_latency_seconds",
+    prefill_matcher=',stage="prefill_forward"',
     generation_tokens="sglang:generation_tokens_total",
     prompt_lengths="sglang:prompt_tokens_histogram",
 )
@@ -89,9 +94,10 @@ _TEMPLATES: Final[dict[Signal, str]] = {
     "podsReporting": "count({running}{{$selector}})",
     "lastSample": "max(timestamp({running}{{$selector}}))",
     "promptTokensRate": "sum(rate({prompt_tokens}{{$selector}}[$window]))",
-    "prefillSeconds": "sum(rate({prefill_time}_sum{{$selector}}[$window])) / "
-    "sum(rate({prefill_time}_count{{$selector}}[$window]))",
-    "prefillBuckets": "sum by (le) (rate({prefill_time}_bucket{{$selector}}[$window]))",
+    "prefillSeconds": "sum(rate({prefill_time}_sum{{$selector{prefill_matcher}}}[$window])) / "
+    "sum(rate({prefill_time}_count{{$selector{prefill_matcher}}}[$window]))",
+    "prefillBuckets": "sum by (le) "
+    "(rate({prefill_time}_bucket{{$selector{prefill_matcher}}}[$window]))",
     "tpotMean": "sum(rate({itl}_sum{{$selector}}[$window])) / "
     "sum(rate({itl}_count{{$selector}}[$window]))",
 }
