@@ -41,14 +41,15 @@ def test_killed_mid_reconcile_then_restarted_through_an_api_server_restart_conve
     first = Operator(
         kube.layout, f"--namespace={namespace}", "--no-leader-election", log_name="crash"
     )
+
+    def deployments_written() -> float:
+        return sum(v for k, v in first.writes().items() if 'kind="Deployment"' in k)
+
     kube.apply(_manifests(), namespace)
-    # Kill it as soon as it is partway through: some children exist, not all.
-    wait_for(
-        "the first children",
-        lambda: len(kube.items("deployments", namespace)) >= 5,
-        timeout=60,
-        interval=0.05,
-    )
+    # Kill it as soon as it is partway through: some children exist, not all. Its own
+    # metrics say so within milliseconds; a kubectl list each time took long enough that the
+    # operator had once written all 150 Deployments before the kill.
+    wait_for("the first children", lambda: deployments_written() >= 5, timeout=60, interval=0.02)
     first.kill()
     partial = len(kube.items("deployments", namespace))
     assert partial < MODELS * 3, (
