@@ -4,6 +4,7 @@ engine really exports, and bounds an engine would refuse are refused at the spec
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -25,11 +26,11 @@ from test_upstream_facts import SGLANG_FACTS, VLLM_FACTS
 FINE_ITL = [0.01, 0.02, 0.03, 0.035, 0.04, 0.045, 0.05, 0.075, 0.1]
 
 
-def _with_args(example: str, engine: list[str] = [], **pools: list[str]) -> dict[str, Any]:  # noqa: B006
+def _with_args(example: str, engine: Sequence[str] = (), **pools: list[str]) -> dict[str, Any]:
     manifest = load_example(example)
     spec = manifest["spec"]
     if engine:
-        spec.setdefault("engine", {})["extraArgs"] = engine
+        spec.setdefault("engine", {})["extraArgs"] = list(engine)
     for pool, args in pools.items():
         spec.setdefault(pool, {})["extraArgs"] = args
     return manifest
