@@ -77,7 +77,7 @@ from disagg.autoscale.model import (
     share_look_back,
 )
 from disagg.autoscale.sizing import DOWN_HEADROOM
-from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
+from disagg.perf.buckets import LATENCY_BUCKETS
 
 __all__ = [
     "INVALID_MARK",
@@ -207,7 +207,7 @@ def decide_pool(
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
     label = "TTFT" if pool == "prefill" else "TPOT"
-    buckets = policy.latency_buckets or (TTFT_BUCKETS if pool == "prefill" else ITL_BUCKETS)
+    buckets = policy.latency_buckets or LATENCY_BUCKETS["vllm"][pool]
     band = tolerance(policy.slo, buckets)
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
