@@ -306,6 +306,29 @@ def test_router_discovers_pools_with_least_privilege() -> None:
     assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
 
 
+def _router_args(manifest: dict[str, Any]) -> list[str]:
+    name = manifest["metadata"]["name"]
+    deployment = _get(_render(manifest), "Deployment", f"{name}-router")
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_the_router_offloads_short_prompts_after_half_the_ttft_slo_of_waiting() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["autoscaling"] = {"ttftP99": "3s"}
+    args = _router_args(manifest)
+    assert _flag(args, "--offload-wait") == "1.5"
+    assert _flag(args, "--offload-max-tokens") == "2048"
+    assert _flag(args, "--offload-per-decode") == "1"
+    manifest["spec"]["router"] = {"prefillOffload": {"maxPromptTokens": 0}}
+    assert "--offload-max-tokens" not in _router_args(manifest), "0 turns it off"
+    manifest["spec"]["router"] = {}
+    manifest["spec"]["engine"] = {**manifest["spec"].get("engine", {}), "backend": "sglang"}
+    assert "--offload-max-tokens" not in _router_args(manifest), (
+        "the SGLang path pairs every request with a prefill engine"
+    )
+
+
 def test_disabled_router_renders_no_router_objects() -> None:
     manifest = load_example("minimal")
     manifest["spec"]["router"] = {"enabled": False}

@@ -30,6 +30,36 @@ class LocalPrefillSpec(ApiModel):
     )
 
 
+class PrefillOffloadSpec(ApiModel):
+    """When a decode engine prefills a short prompt itself because the prefill pool is
+    backed up (conditional disaggregation)."""
+
+    max_prompt_tokens: int = Field(
+        default=2048,
+        ge=0,
+        le=2**31 - 1,
+        description="Prompts up to this many tokens may be prefilled by a decode engine "
+        "while the prefill pool is backed up; longer ones always wait for the prefill pool. "
+        "0 turns offloading off.",
+    )
+    wait_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=100,
+        description="Offload while a prompt would wait longer than this fraction of "
+        "spec.autoscaling.ttftP99 at the least backed-up prefill engine (prompt tokens "
+        "in flight there over the rate it finishes them).",
+    )
+    per_decode_engine: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Offloaded prompts one decode engine computes at once (each until its "
+        "first token): every decode step that carries a prompt chunk is slower for every "
+        "sequence in it.",
+    )
+
+
 class RouterSpec(ApiModel):
     """The OpenAI-compatible front door that sends each request to prefill, then decode."""
 
@@ -64,6 +94,12 @@ class RouterSpec(ApiModel):
         description="With the cache-aware policy (vLLM backend): when a decode engine "
         "computes a follow-up turn's prompt itself instead of fetching its KV from the "
         "prefill pool, decided on the part of the prompt it does not hold.",
+    )
+    prefill_offload: PrefillOffloadSpec = Field(
+        default_factory=PrefillOffloadSpec,
+        description="vLLM backend: while the prefill pool is backed up (a burst arrives "
+        "faster than prefill replicas start), short prompts are prefilled by a decode "
+        "engine with room instead of waiting.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Router CPU and memory."

@@ -24,7 +24,7 @@ from disagg.api.base import ApiModel
 from disagg.api.container import EnvVar, EnvVarSource, ResourceRequirements
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
-from disagg.api.router import LocalPrefillSpec, RouterSpec
+from disagg.api.router import LocalPrefillSpec, PrefillOffloadSpec, RouterSpec
 from disagg.api.rules import Rule
 from disagg.api.scheduling import (
     DNS_SUBDOMAIN,
@@ -352,6 +352,7 @@ __all__ = [
     "ModelSpec",
     "NetworkSpec",
     "PoolSpec",
+    "PrefillOffloadSpec",
     "QueryOverrides",
     "RdmaSpec",
     "ResourceRequirements",

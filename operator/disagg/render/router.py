@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from disagg.api.base import parse_duration
 from disagg.naming import child_name, labels, pool_selector, router_service_account, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
 from disagg.versions import DEFAULT_ROUTER_IMAGE
@@ -51,6 +52,20 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--policy", spec.router.policy,
         "--drain-timeout", str(DRAIN_SECONDS),
         *_local_prefill_args(ctx),
+        *_offload_args(ctx),
+    ]  # fmt: skip
+
+
+def _offload_args(ctx: RenderContext) -> list[str]:
+    spec = ctx.model.spec
+    offload = spec.router.prefill_offload
+    if spec.engine.backend != "vllm" or offload.max_prompt_tokens == 0:
+        return []
+    wait = offload.wait_fraction * parse_duration(spec.autoscaling.ttft_p99)
+    return [
+        "--offload-max-tokens", str(offload.max_prompt_tokens),
+        "--offload-wait", f"{wait:g}",
+        "--offload-per-decode", str(offload.per_decode_engine),
     ]  # fmt: skip
 
 

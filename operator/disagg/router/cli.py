@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import errno
 import logging
+import math
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from disagg.router.app import build_app
 from disagg.router.deadline import HeaderDeadline
 from disagg.router.endpoints import POLICIES, Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
+from disagg.router.offload import Offload
 from disagg.router.prompt_blocks import DEFAULT_BLOCK_SIZE, TokenizerUnavailable, prompt_reader
 from disagg.router.proxy import Router, RouterConfig
 
@@ -100,6 +102,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="... and holding at least this fraction of the prompt",
     )
     cmd.add_argument(
+        "--offload-max-tokens",
+        type=int,
+        default=0,
+        help="while the prefill pool is backed up, a decode engine prefills prompts of up to "
+        "this many tokens itself (0: never)",
+    )
+    cmd.add_argument(
+        "--offload-wait",
+        type=float,
+        default=1.0,
+        help="seconds a prompt would wait at the least backed-up prefill engine before "
+        "short prompts are offloaded",
+    )
+    cmd.add_argument(
+        "--offload-per-decode",
+        type=int,
+        default=1,
+        help="offloaded prompts one decode engine prefills at once",
+    )
+    cmd.add_argument(
         "--affinity-blocks",
         type=int,
         default=DEFAULT_BUDGET,
@@ -175,6 +197,12 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--local-prefill-max-tokens must be >= 0, got {args.local_prefill_max_tokens}"
     if not 0 <= args.local_prefill_min_cached <= 1:
         return f"--local-prefill-min-cached must be in [0, 1], got {args.local_prefill_min_cached}"
+    if args.offload_max_tokens < 0:
+        return f"--offload-max-tokens must be >= 0, got {args.offload_max_tokens}"
+    if not (math.isfinite(args.offload_wait) and args.offload_wait > 0):
+        return f"--offload-wait must be a positive number of seconds, got {args.offload_wait}"
+    if args.offload_per_decode < 1:
+        return f"--offload-per-decode must be at least 1, got {args.offload_per_decode}"
     return None
 
 
@@ -194,6 +222,11 @@ async def _serve(args: argparse.Namespace) -> int:
         local_prefill=(
             LocalPrefill(args.local_prefill_max_tokens, args.local_prefill_min_cached)
             if args.local_prefill_max_tokens > 0
+            else None
+        ),
+        offload=(
+            Offload(args.offload_max_tokens, args.offload_wait, args.offload_per_decode)
+            if args.offload_max_tokens > 0
             else None
         ),
     )

@@ -34,6 +34,8 @@ class Endpoint:
     name: str = ""
     bootstrap_port: int | None = None
     in_flight: int = 0
+    local_prefills: int = 0
+    """Prompts offloaded here (prefilled by this decode engine) with no first token yet."""
     draining: bool = False
     unreachable_until: float = 0.0
     """Monotonic time before which the endpoint is skipped (it refused a connection)."""

@@ -9,6 +9,9 @@ Failure handling, in the order a request meets it:
 * after bytes have streamed, an upstream failure ends the stream with an error event; tokens
   are never repeated;
 * a client that disconnects cancels the upstream request (aiohttp cancels the handler).
+
+While the prefill pool is backed up, a short prompt may skip it: a decode engine with room
+prefills it itself (path ``offloaded``, :mod:`disagg.router.offload`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +34,7 @@ from disagg.router import protocol
 from disagg.router.affinity import LocalPrefill, decode_alone
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
+from disagg.router.offload import Offload, PrefillBacklog
 from disagg.router.prompt_blocks import CharacterReader, Prompt, PromptReader
 from disagg.router.relay import Answer, UpstreamError, relay
 from disagg.sim.tokens import continuation, estimate_tokens
@@ -63,6 +69,9 @@ class RouterConfig:
     """Open connections to the engines at most; more requests wait for a free one."""
     local_prefill: LocalPrefill | None = field(default_factory=LocalPrefill)
     """Cache-aware routing: when a decode engine prefills a follow-up itself (None: never)."""
+    offload: Offload | None = None
+    """When a decode engine prefills a short prompt because the prefill pool is backed up
+    (None: never)."""
 
 
 @dataclass
@@ -78,6 +87,8 @@ class Router:
     rng: random.Random = field(default_factory=random.Random)
     prompts: PromptReader = field(default_factory=CharacterReader)
     """How prompts become tokens and blocks (cache-aware routing)."""
+    backlog: PrefillBacklog = field(default_factory=PrefillBacklog)
+    """Prompt tokens in flight at each prefill engine and how fast it finishes them."""
 
 
 ROUTER_KEY = web.AppKey("router", Router)
@@ -139,6 +150,8 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
             return None
         tried.add(endpoint.url)
         started = time.monotonic()
+        tokens, served = _prompt_tokens(call), False
+        router.backlog.sent(endpoint.url, tokens, started)
         with router.metrics.track(endpoint, "prefill"):
             try:
                 timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
@@ -162,6 +175,7 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
                     raise UpstreamError("the prefill response carries no kv_transfer_params")
                 router.metrics.prefill_seconds.observe(time.monotonic() - started)
                 router.picker.note(router.prefill, endpoint, call.prompt)
+                served = True
                 return params
             except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
                 _note_failure(endpoint, failure)
@@ -172,7 +186,27 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
                     call.request_id,
                     failure,
                 )
+            finally:
+                router.backlog.finished(endpoint.url, tokens, time.monotonic(), served)
     return None
+
+
+def _prompt_tokens(call: Call) -> int:
+    return call.prompt.tokens if call.prompt is not None else estimate_tokens(call.body)
+
+
+def _offload_target(router: Router, call: Call) -> Endpoint | None:
+    """The decode engine that prefills this prompt itself because the prefill pool is
+    backed up (:mod:`disagg.router.offload`), or None."""
+    rule = router.config.offload
+    if rule is None:
+        return None
+    prefill = [e.url for e in router.prefill.available()]
+    router.backlog.forget(set(router.prefill.endpoints))
+    if not rule.wanted(_prompt_tokens(call), router.backlog.least_wait(prefill, time.monotonic())):
+        return None
+    room = [e for e in router.decode.available() if e.local_prefills < rule.per_decode_engine]
+    return min(room, key=lambda e: (e.in_flight, e.url)) if room else None
 
 
 async def _open_decode(
@@ -212,7 +246,8 @@ async def _decode(
     route: str,
     preferred: Endpoint | None = None,
 ) -> web.StreamResponse:
-    """Serve the request on a decode engine (``preferred`` first), retrying others."""
+    """Serve the request on a decode engine (``preferred`` first), retrying others. An
+    offloaded prompt counts against its engine's local prefills until its first token."""
     tried: set[str] = set()
     attempts: list[dict[str, Any] | None] = [kv_params, kv_params, kv_params]
     if kv_params is not None:
@@ -230,7 +265,7 @@ async def _decode(
         tried.add(endpoint.url)
         if params is None and kv_params is not None:
             route = "fallback"
-        with router.metrics.track(endpoint, "decode"):
+        with router.metrics.track(endpoint, "decode"), _local_prefill(endpoint, route) as done:
             try:
                 upstream = await _open_decode(
                     router,
@@ -256,6 +291,7 @@ async def _decode(
                     call.request_id,
                     call.arrival,
                     answer,
+                    done,
                 )
             except UpstreamError as failure:
                 router.metrics.upstream_failures.labels(role="decode").inc()
@@ -271,6 +307,28 @@ async def _decode(
     return error_response(
         503, "no decode engine could serve the request", "ServiceUnavailableError"
     )
+
+
+@contextmanager
+def _local_prefill(endpoint: Endpoint, route: str) -> Iterator[Callable[[], None]]:
+    """While an offloaded prompt is prefilled on ``endpoint``: the callback ends it at the
+    first token; leaving the block ends it in any case."""
+    if route != "offloaded":
+        yield lambda: None
+        return
+    endpoint.local_prefills += 1
+    pending = True
+
+    def done() -> None:
+        nonlocal pending
+        if pending:
+            pending = False
+            endpoint.local_prefills -= 1
+
+    try:
+        yield done
+    finally:
+        done()
 
 
 async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.StreamResponse:
@@ -289,6 +347,10 @@ async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.S
     elif estimate_tokens(call.body) < config.pd_threshold:
         route = "skipped"
     kv_params = None
+    if route is None and router.prefill.available():
+        target = _offload_target(router, call)
+        if target is not None:
+            return await _decode(request, router, call, None, "offloaded", target)
     if route is None:
         # A prompt long enough for prefill that decode serves alone is a fallback, whether
         # the prefill failed or no prefill engine is there to try: both mean an outage.

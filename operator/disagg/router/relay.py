@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
@@ -90,9 +91,11 @@ async def relay(
     request_id: str,
     arrival: float,
     answer: Answer | None = None,
+    first_token: Callable[[], None] = lambda: None,
 ) -> web.StreamResponse:
     """Copy the decode engine's answer to the client, measuring what the user sees (and,
-    given an :class:`Answer`, keeping its text)."""
+    given an :class:`Answer`, keeping its text); ``first_token`` is called when the first
+    token arrives (for an answer that is not streamed, when all of it has)."""
     headers = {"X-Request-Id": request_id, "X-Disagg-Path": route}
     if not stream or upstream.status != 200:
         try:
@@ -100,6 +103,7 @@ async def relay(
         except (aiohttp.ClientError, TimeoutError) as failure:  # nothing sent yet: retry
             raise UpstreamError(f"the answer broke off: {failure!r}") from failure
         metrics.ttft.observe(time.monotonic() - arrival)
+        first_token()
         if answer is not None and upstream.status == 200:
             answer.whole(body)
         ctype = upstream.headers.get("Content-Type", "application/json")
@@ -119,6 +123,7 @@ async def relay(
             if events:
                 if last is None:
                     metrics.ttft.observe(now - arrival)
+                    first_token()
                     events -= 1
                 else:
                     for _ in range(events):

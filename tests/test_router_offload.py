@@ -1,0 +1,201 @@
+"""Conditional disaggregation: how long a prompt would wait for the prefill pool, when a
+decode engine prefills a short prompt itself instead, the router doing it against simulated
+engines."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
+from disagg.router.app import build_app
+from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.metrics import RouterMetrics
+from disagg.router.offload import Offload, PrefillBacklog
+from disagg.router.proxy import Router, RouterConfig
+from disagg.sim.engine import Engine, EngineConfig
+from disagg.sim.server import build_app as build_engine_app
+
+# --- the wait estimate ------------------------------------------------------------------------
+
+
+def _busy_engine(backlog: PrefillBacklog, key: str = "p") -> None:
+    """Ten 1000-token prompts sent at t=0, one finished each second until t=5."""
+    for _ in range(10):
+        backlog.sent(key, 1000, 0.0)
+    for t in range(1, 6):
+        backlog.finished(key, 1000, float(t))
+
+
+def test_a_prompt_waits_for_the_tokens_in_flight_over_the_rate_they_are_finished() -> None:
+    backlog = PrefillBacklog()
+    _busy_engine(backlog)
+    wait = backlog.wait("p", 5.0)
+    assert wait is not None and 4.5 < wait < 5.5, "5000 tokens in flight at 1000 tokens/s"
+
+
+def test_an_idle_engine_has_no_wait_and_an_unmeasured_one_has_no_estimate() -> None:
+    backlog = PrefillBacklog()
+    assert backlog.wait("new", 0.0) == 0.0
+    backlog.sent("new", 4000, 0.0)
+    assert backlog.wait("new", 1.0) is None, "nothing finished yet: no rate to divide by"
+    backlog.finished("new", 4000, 2.0, served=False)
+    assert backlog.wait("new", 2.0) == 0.0, "a failed prompt no longer waits there"
+    backlog.sent("new", 4000, 3.0)
+    assert backlog.wait("new", 3.0) is None, "and it taught nothing about the engine's speed"
+
+
+def test_routers_that_each_see_half_of_the_traffic_estimate_the_same_wait() -> None:
+    whole, halves = PrefillBacklog(), [PrefillBacklog(), PrefillBacklog()]
+    for i in range(10):
+        whole.sent("p", 1000, 0.0)
+        halves[i % 2].sent("p", 1000, 0.0)
+    for t in range(1, 7):
+        whole.finished("p", 1000, float(t))
+        halves[t % 2].finished("p", 1000, float(t))
+    one = whole.wait("p", 6.0)
+    both = [half.wait("p", 6.0) for half in halves]
+    assert one is not None and all(w is not None and abs(w - one) < 0.25 * one for w in both)
+
+
+def test_the_least_backed_up_engine_decides_and_an_unknown_one_holds_back() -> None:
+    backlog = PrefillBacklog()
+    _busy_engine(backlog, "a")
+    _busy_engine(backlog, "b")
+    backlog.finished("b", 3000, 5.0)
+    wait_b = backlog.wait("b", 5.0)
+    assert backlog.least_wait(["a", "b"], 5.0) == wait_b
+    backlog.sent("c", 500, 5.0)
+    assert backlog.least_wait(["a", "b", "c"], 5.0) is None, "c may be fast; nothing known"
+    assert backlog.least_wait([], 5.0) is None
+    backlog.forget({"a"})
+    assert set(backlog.engines) == {"a"}
+
+
+@pytest.mark.parametrize(
+    ("tokens", "wait", "wanted"),
+    [(500, 2.0, True), (2048, 2.0, True), (2049, 2.0, False), (500, 1.0, False),
+     (500, None, False), (0, 2.0, False)],
+)  # fmt: skip
+def test_only_short_prompts_skip_a_prefill_pool_that_makes_them_wait(
+    tokens: int, wait: float | None, wanted: bool
+) -> None:
+    assert Offload(2048, 1.0).wanted(tokens, wait) is wanted
+
+
+# --- the router against simulated engines ----------------------------------------------------
+
+
+def _engine(role: str) -> Engine:
+    shape = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"), 1)
+    return Engine(
+        EngineConfig(
+            served_model_name="m", role=role, shape=shape,  # type: ignore[arg-type]
+            max_num_batched_tokens=8192, max_num_seqs=16,
+            kv_capacity_tokens=kv_capacity_tokens(shape), time_scale=0.05,
+            network=NETWORKS["ib400"],
+        )
+    )  # fmt: skip
+
+
+Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    served = []
+    for role in ("prefill", "decode", "decode"):
+        engine = _engine(role)
+        runner = web.AppRunner(build_engine_app(engine))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await engine.start("127.0.0.1")
+        served.append((engine, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    prefill, decode = Pool("prefill"), Pool("decode")
+    prefill.replace([Endpoint(served[0][2])])
+    decode.replace([Endpoint(url) for _, _, url in served[1:]])
+    config = RouterConfig(served_model_name="m", offload=Offload(2048, 1.0))
+    router = Router(config, prefill, decode, Picker("least-outstanding"), RouterMetrics())
+    client = TestClient(TestServer(build_app(router)))
+    await client.start_server()
+    yield client, router, {url: engine for engine, _, url in served}
+    await client.close()
+    for engine, runner, _ in served:
+        await engine.close()
+        await runner.cleanup()
+
+
+def _backed_up(router: Router, seconds: float) -> None:
+    """The prefill engine finished 1000 tokens in the last second and holds ``seconds``
+    more of them."""
+    url = next(iter(router.prefill.endpoints))
+    now = time.monotonic()
+    router.backlog.sent(url, 1000, now - 1.0)
+    router.backlog.finished(url, 1000, now)
+    router.backlog.sent(url, round(1000 * seconds), now)
+
+
+def _prompt_tokens(engine: Engine) -> float:
+    value = engine.metrics.registry.get_sample_value(
+        "vllm:prompt_tokens_total", engine.metrics.labels
+    )
+    return value or 0.0
+
+
+async def _path(client: TestClient[web.Request, web.Application], words: int, stream: bool) -> str:
+    body: dict[str, Any] = {
+        "model": "m", "prompt": "tok " * words, "max_tokens": 4, "stream": stream
+    }  # fmt: skip
+    response = await client.post("/v1/completions", json=body)
+    assert response.status == 200, await response.text()
+    await response.read()
+    return response.headers["X-Disagg-Path"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_short_prompt_skips_a_backed_up_prefill_pool(stack: Stack, stream: bool) -> None:
+    client, router, engines = stack
+    prefill = next(e for e in engines.values() if e.config.role == "prefill")
+    _backed_up(router, seconds=30)
+    before = _prompt_tokens(prefill)
+    assert await _path(client, 1000, stream) == "offloaded"  # ~1000 tokens
+    assert _prompt_tokens(prefill) == before, "the prefill engine computed nothing"
+    decode_tokens = sum(_prompt_tokens(e) for e in engines.values() if e.config.role == "decode")
+    assert decode_tokens >= 900, "a decode engine computed the prompt"
+    assert all(e.local_prefills == 0 for e in router.decode.endpoints.values())
+    assert await _path(client, 4000, stream) == "disaggregated", "too long to offload"
+    text = await (await client.get("/metrics")).text()
+    assert 'disagg_router_requests_total{code="200",path="offloaded"} 1.0' in text
+
+
+async def test_no_offload_while_the_prefill_pool_keeps_up_or_no_decode_engine_has_room(
+    stack: Stack,
+) -> None:
+    client, router, _ = stack
+    _backed_up(router, seconds=0.5)
+    assert await _path(client, 1000, False) == "disaggregated", "under the 1 s wait"
+    _backed_up(router, seconds=30)
+    for endpoint in router.decode.endpoints.values():
+        endpoint.local_prefills = 1  # each already prefills one offloaded prompt
+    assert await _path(client, 1000, False) == "disaggregated"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--offload-wait", "0"], "--offload-wait must be a positive number of seconds, got 0.0"),
+     (["--offload-wait", "nan"], "--offload-wait must be a positive number of seconds"),
+     (["--offload-max-tokens", "-1"], "--offload-max-tokens must be >= 0, got -1"),
+     (["--offload-per-decode", "0"], "--offload-per-decode must be at least 1, got 0")],
+)  # fmt: skip
+def test_the_router_refuses_offload_flags_that_make_no_sense(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from disagg.cli import main
+
+    assert main(["router", "--decode", "http://127.0.0.1:1", *flags]) == 2
+    assert message in capsys.readouterr().err
