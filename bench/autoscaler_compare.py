@@ -85,7 +85,15 @@ TRACE_KINDS = {
 POLICIES = ("ours", "threshold", "dynamo")
 GENTLE = ("steady", "diurnal", "step", "shift")
 """Traffic the issue holds to >= 99% (or the ceiling) at <= 1.15x the oracle."""
-SIM_SOURCES = ("fleet.py", "scheduler.py", "baselines.py", "fleet_policies.py", "results.py")
+SIM_SOURCES = (
+    "fleet.py",
+    "fleet_types.py",
+    "scheduler.py",
+    "baselines.py",
+    "fleet_policies.py",
+    "results.py",
+    "../router/offload.py",
+)
 
 
 def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:

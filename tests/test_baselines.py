@@ -68,9 +68,11 @@ def test_the_policy_sees_prefill_times_and_served_rates_like_an_engine_reports_t
 
 
 def test_static_oracle_and_ceiling_bracket_each_other_on_a_step() -> None:
+    # Without the router's offloading: with it, the decode engine absorbs this step's
+    # prompts and one prefill replica serves throughout.
     scenario = Scenario(
         model="llama-3.1-8b", workload="chat", rate=6, duration=900, shape="step",
-        ttft=1.0, tpot=0.03, max_replicas=6, policy="static",
+        ttft=1.0, tpot=0.03, max_replicas=6, policy="static", offload_max_tokens=0,
     )  # fmt: skip
     requests = [
         Request(r.arrival, r.prompt_tokens, r.output_tokens)

@@ -255,3 +255,8 @@ def test_simulate_cli_writes_a_summary_and_a_plot(
     assert main(["simulate", "--model", "gpt-9"]) == 1
     err = capsys.readouterr().err
     assert "--rate must be greater than zero" in err and "unknown model profile 'gpt-9'" in err
+    argv = ["simulate", "--offload-max-tokens", "-5", "--offload-wait-fraction", "0"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--offload-max-tokens must be >= 0" in err
+    assert "--offload-wait-fraction must be a positive finite number" in err

@@ -1,6 +1,6 @@
 """Conditional disaggregation: how long a prompt would wait for the prefill pool, when a
 decode engine prefills a short prompt itself instead, the router doing it against simulated
-engines."""
+engines, and what it changes in the fleet simulator."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from disagg.router.metrics import RouterMetrics
 from disagg.router.offload import Offload, PrefillBacklog
 from disagg.router.proxy import Router, RouterConfig
 from disagg.sim.engine import Engine, EngineConfig
+from disagg.sim.fleet import Fleet
+from disagg.sim.scenario import Scenario, build
 from disagg.sim.server import build_app as build_engine_app
+from disagg.sim.traffic import Request, generate, step
 
 # --- the wait estimate ------------------------------------------------------------------------
 
@@ -183,6 +186,50 @@ async def test_no_offload_while_the_prefill_pool_keeps_up_or_no_decode_engine_ha
     for endpoint in router.decode.endpoints.values():
         endpoint.local_prefills = 1  # each already prefills one offloaded prompt
     assert await _path(client, 1000, False) == "disaggregated"
+
+
+# --- the fleet simulator ---------------------------------------------------------------------
+
+
+def _step_traffic() -> list[Request]:
+    return [
+        Request(r.arrival, r.prompt_tokens, r.output_tokens)
+        for r in generate("chat", 6, 900, seed=21, shape=step(300, 3.0))
+    ]
+
+
+def test_decode_engines_absorb_a_step_the_prefill_pool_cannot_serve_alone() -> None:
+    base = Scenario(
+        model="llama-3.1-8b", workload="chat", duration=900, ttft=1.0, tpot=0.03,
+        policy="static", prefill_replicas=1, decode_replicas=1,
+    )  # fmt: skip
+    requests = _step_traffic()
+    runs = {}
+    for max_tokens in (0, 2048):
+        fleet = Fleet(build(Scenario(**{**base.__dict__, "offload_max_tokens": max_tokens})))
+        runs[max_tokens] = fleet.run(requests)
+    without, with_offload = runs[0], runs[2048]
+    assert not any(o.offloaded for o in without.outcomes)
+    offloaded = [o for o in with_offload.outcomes if o.offloaded]
+    assert offloaded and all(o.request.prompt_tokens <= 2048 for o in offloaded)
+    before_step = [o for o in offloaded if o.request.arrival < 300]
+    assert len(before_step) < 0.05 * len(offloaded), "a few in bursts; most after the step"
+    before = without.attainment(1.0, 0.03)[2]
+    after = with_offload.attainment(1.0, 0.03)[2]
+    assert before < 0.95 and after > 0.99, (before, after)
+
+
+def test_prompts_under_the_pd_threshold_never_reach_the_prefill_pool() -> None:
+    scenario = Scenario(model="llama-3.1-8b", workload="chat", duration=300, policy="static")
+    requests = _step_traffic()[:400]
+    result = Fleet(build(scenario)).run(requests)
+    short = [o for o in result.outcomes if o.request.prompt_tokens < scenario.pd_threshold]
+    assert short and all(o.prefill_done is None and o.first_token for o in short)
+    assert all(
+        o.prefill_done is not None
+        for o in result.outcomes
+        if o.request.prompt_tokens >= scenario.pd_threshold and not o.offloaded
+    )
 
 
 @pytest.mark.parametrize(

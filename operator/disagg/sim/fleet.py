@@ -33,6 +33,7 @@ from disagg.perf.roofline import (
     kv_capacity_tokens,
     transfer_time,
 )
+from disagg.router.offload import PrefillBacklog
 from disagg.sim.fleet_types import (
     Engine,
     FleetConfig,
@@ -89,6 +90,10 @@ class Fleet:
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
         """(time, prompt tokens) of every request a pool finished, in time order."""
         self.pools = pools_of(config.mode)
+        self._backlog = PrefillBacklog()
+        """What the router knows of each prefill engine's queue (for offloading)."""
+        self._offloaded: set[int] = set()
+        """Requests offloaded to a decode engine that have no first token yet."""
         self._room = {
             pool: kv_capacity_tokens(self._shape(pool if pool in self.pools else "decode"))
             for pool in ("prefill", "decode")
@@ -113,7 +118,7 @@ class Fleet:
             kv_capacity_tokens(shape),
             prefill_first=self.config.mode == "colocated" and not self.config.chunked_prefill,
         )
-        self.engines.append(Engine(pool, scheduler, ready_at))
+        self.engines.append(Engine(pool, scheduler, ready_at, f"{pool}-{len(self.engines)}"))
 
     def at(self, time: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._events, (time, next(self._seq), action))
@@ -125,14 +130,18 @@ class Fleet:
             if e.pool == pool and not e.draining and e.removed_at is None and e.ready_at <= self.now
         ]
 
-    def _dispatch(self, pool: PoolName, sim: SimRequest, outcome: Outcome) -> None:
+    def _dispatch(
+        self, pool: PoolName, sim: SimRequest, outcome: Outcome, engine: Engine | None = None
+    ) -> None:
         engines = self._serving(pool)
         if not engines:  # nothing serves yet (all provisioning): retry shortly, as a router would
             self.at(self.now + 1.0, lambda: self._dispatch(pool, sim, outcome))
             return
         # Ties go to the oldest engine (min keeps list order); never to a memory address.
-        engine = min(engines, key=lambda e: e.outstanding)
+        engine = engine or min(engines, key=lambda e: e.outstanding)
         engine.outstanding += 1
+        if pool == "prefill" and self.config.mode == "disaggregated":
+            self._backlog.sent(engine.name, sim.prompt_tokens, self.now)
         self._owners[id(sim)] = (engine, outcome)
         engine.scheduler.waiting.append(sim)
         if engine.busy and len(engine.run_ends) > 1:
@@ -209,6 +218,9 @@ class Fleet:
                 continue
             if index == 0:
                 outcome.first_token = self.now
+                if id(sim) in self._offloaded:
+                    self._offloaded.discard(id(sim))
+                    engine.local_prefills -= 1
             outcome.last_token = self.now
             outcome.tokens = index + 1
         for sim in result.finished:
@@ -216,6 +228,7 @@ class Fleet:
             owner.outstanding -= 1
             self._served[owner.pool].append((self.now, sim.prompt_tokens))
             if owner.pool == "prefill" and self.config.mode == "disaggregated":
+                self._backlog.finished(owner.name, sim.prompt_tokens, self.now)
                 outcome.prefill_done = self.now
                 network = self.config.network
                 delay = (
@@ -246,14 +259,29 @@ class Fleet:
         ):
             outcome.rejected = True  # it would wait for room that never comes, and block
             return
-        if self.config.mode == "colocated":
-            self._dispatch(
-                "decode",
-                SimRequest(str(index), request.prompt_tokens, request.output_tokens),
-                outcome,
-            )
-        else:
-            self._dispatch("prefill", SimRequest(str(index), request.prompt_tokens, 1), outcome)
+        whole = SimRequest(str(index), request.prompt_tokens, request.output_tokens)
+        if self.config.mode == "colocated" or request.prompt_tokens < self.config.pd_threshold:
+            self._dispatch("decode", whole, outcome)
+            return
+        offload_to = self._offload_target(request.prompt_tokens)
+        if offload_to is not None:
+            outcome.offloaded = True
+            offload_to.local_prefills += 1
+            self._offloaded.add(id(whole))
+            self._dispatch("decode", whole, outcome, offload_to)
+            return
+        self._dispatch("prefill", SimRequest(str(index), request.prompt_tokens, 1), outcome)
+
+    def _offload_target(self, prompt_tokens: int) -> Engine | None:
+        """The decode engine that prefills this prompt itself, as the router decides, or None."""
+        rule = self.config.offload
+        if rule is None:
+            return None
+        prefill = [e.name for e in self._serving("prefill")]
+        if not rule.wanted(prompt_tokens, self._backlog.least_wait(prefill, self.now)):
+            return None
+        room = [e for e in self._serving("decode") if e.local_prefills < rule.per_decode_engine]
+        return min(room, key=lambda e: e.outstanding) if room else None
 
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window

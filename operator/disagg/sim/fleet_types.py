@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, step_time
+from disagg.router.offload import Offload
 from disagg.sim.scheduler import Scheduler, Step
 
 Mode = Literal["colocated", "disaggregated"]
@@ -67,10 +68,13 @@ class Engine:
     pool: PoolName
     scheduler: Scheduler
     ready_at: float
+    name: str = ""
     busy: bool = False
     draining: bool = False
     removed_at: float | None = None
     outstanding: int = 0
+    local_prefills: int = 0
+    """Prompts the router offloaded to this decode engine that have no first token yet."""
     run_ends: list[float] = field(default_factory=list)
     """End times of the steps of the decode run in flight."""
     run_id: int = 0
@@ -102,3 +106,8 @@ class FleetConfig:
     step_time: StepTime = step_time
     ttft_slo: float = 2.0
     tpot_slo: float = 0.05
+    pd_threshold: int = 0
+    """Shorter prompts skip the prefill pool, as the router sends them (its
+    ``prefillThresholdTokens``)."""
+    offload: Offload | None = None
+    """The router's conditional disaggregation (:mod:`disagg.router.offload`); None: off."""

@@ -24,6 +24,8 @@ class Outcome:
     first_token: float | None = None
     last_token: float | None = None
     tokens: int = 0
+    offloaded: bool = False
+    """Prefilled by a decode engine because the prefill pool was backed up."""
     rejected: bool = False
     """Refused on arrival: its prompt and output are longer than the model's context or
     than one engine's KV cache holds (vLLM answers such a request 400, it never waits), so

@@ -12,10 +12,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from disagg.api.router import RouterSpec
 from disagg.autoscale.policy import Behavior, PoolPolicy
 from disagg.perf.fitted import latency_model
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import NETWORKS, EngineShape, StepTime, kv_capacity_tokens
+from disagg.router.offload import Offload
 from disagg.sim.fleet import FleetConfig, Mode, ScalingPolicy
 from disagg.sim.fleet_policies import (
     SloPolicy,
@@ -36,6 +38,8 @@ from disagg.sim.traffic import (
 )
 
 POLICIES: Final = ("ours", "static", "threshold", "dynamo")
+ROUTER: Final = RouterSpec()
+"""The router as a model's spec configures it by default."""
 SHAPES: Final = ("steady", "diurnal", "burst", "step")
 
 
@@ -66,6 +70,10 @@ class Scenario:
     seed: int = 0
     latency: str = "roofline"
     dynamo_interval: float = 180.0
+    pd_threshold: int = ROUTER.prefill_threshold_tokens
+    offload_max_tokens: int = ROUTER.prefill_offload.max_prompt_tokens
+    offload_wait_fraction: float = ROUTER.prefill_offload.wait_fraction
+    offload_per_decode: int = ROUTER.prefill_offload.per_decode_engine
 
     def shapes(self) -> tuple[EngineShape, EngineShape]:
         """(prefill, decode) engine shapes; raises KeyError naming an unknown profile."""
@@ -170,6 +178,16 @@ def build(scenario: Scenario) -> FleetConfig:
         step_time=scenario.step_time(),
         ttft_slo=scenario.ttft,
         tpot_slo=scenario.tpot,
+        pd_threshold=scenario.pd_threshold,
+        offload=(
+            Offload(
+                scenario.offload_max_tokens,
+                scenario.offload_wait_fraction * scenario.ttft,
+                scenario.offload_per_decode,
+            )
+            if scenario.offload_max_tokens > 0
+            else None
+        ),
     )
     config.policy = build_policy(scenario, config)
     return config

@@ -55,6 +55,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add("--tpot", type=float, default=d.tpot, help="TPOT SLO, seconds")
     add("--seed", type=int, default=d.seed)
     add("--latency", default=d.latency, choices=LATENCY_MODELS)
+    add(
+        "--pd-threshold",
+        type=int,
+        default=d.pd_threshold,
+        help="shorter prompts skip the prefill pool (the router's prefillThresholdTokens)",
+    )
+    add(
+        "--offload-max-tokens",
+        type=int,
+        default=d.offload_max_tokens,
+        help="the router's prefillOffload.maxPromptTokens (0: no offloading)",
+    )
+    add(
+        "--offload-wait-fraction",
+        type=float,
+        default=d.offload_wait_fraction,
+        help="the router's prefillOffload.waitFraction, of the TTFT SLO",
+    )
+    add(
+        "--offload-per-decode",
+        type=int,
+        default=d.offload_per_decode,
+        help="the router's prefillOffload.perDecodeEngine",
+    )
     add("--out", type=Path, help="directory for summary.json and timeline.png")
     add("--json", action="store_true", help="print the summary as JSON")
     parser.set_defaults(func=cmd_simulate)
@@ -73,6 +97,13 @@ def check(scenario: Scenario) -> list[str]:
             problems.append(f"--{name.replace('_', '-')} must be at least 1")
     if scenario.max_num_seqs < 1:
         problems.append("--max-num-seqs must be at least 1")
+    for name in ("pd_threshold", "offload_max_tokens"):
+        if getattr(scenario, name) < 0:
+            problems.append(f"--{name.replace('_', '-')} must be >= 0")
+    if scenario.offload_per_decode < 1:
+        problems.append("--offload-per-decode must be at least 1")
+    if not 0 < scenario.offload_wait_fraction < math.inf:
+        problems.append("--offload-wait-fraction must be a positive finite number")
     for name in ("prefill_replicas", "decode_replicas", "provisioning_delay"):
         if not getattr(scenario, name) >= 0:  # NaN too
             problems.append(f"--{name.replace('_', '-')} must be >= 0")
