@@ -15,7 +15,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
 from disagg.router.affinity import (
     DECODE_SLACK,
     AffinityRecord,
@@ -34,8 +33,8 @@ from disagg.router.prompt_blocks import (
 )
 from disagg.router.proxy import Router, RouterConfig
 from disagg.router.relay import Answer
-from disagg.sim.engine import Engine, EngineConfig
-from disagg.sim.server import build_app as build_engine_app
+from disagg.sim.engine import Engine
+from simengines import serve_engine
 
 SYSTEM = "You are a careful assistant who answers in short, plain sentences. " * 8
 
@@ -166,33 +165,12 @@ def test_the_model_tokenizer_counts_and_a_bad_one_is_named(tmp_path: Path) -> No
 # --- the whole path, against simulated engines with prefix caching --------------------------
 
 
-def _engine(role: str) -> Engine:
-    shape = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"), 1)
-    return Engine(
-        EngineConfig(
-            served_model_name="m", role=role, shape=shape,  # type: ignore[arg-type]
-            max_num_batched_tokens=8192, max_num_seqs=16,
-            kv_capacity_tokens=kv_capacity_tokens(shape), time_scale=0.05,
-            network=NETWORKS["ib400"], prefix_caching=True,
-        )
-    )  # fmt: skip
-
-
-async def _serve_engine(role: str) -> tuple[Engine, web.AppRunner, str]:
-    engine = _engine(role)
-    runner = web.AppRunner(build_engine_app(engine))
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    await engine.start("127.0.0.1")
-    return engine, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
 Stack = tuple[TestClient[web.Request, web.Application], dict[str, Engine]]
 
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    served = [await _serve_engine(role) for role in ("prefill", "decode", "decode")]
+    served = [await serve_engine(role) for role in ("prefill", "decode", "decode")]
     engines = {url: engine for engine, _, url in served}
     prefill, decode = Pool("prefill"), Pool("decode")
     prefill.replace([Endpoint(served[0][2])])

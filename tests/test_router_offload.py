@@ -12,17 +12,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
 from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.offload import Offload, PrefillBacklog
 from disagg.router.proxy import Router, RouterConfig
-from disagg.sim.engine import Engine, EngineConfig
+from disagg.sim.engine import Engine
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build
-from disagg.sim.server import build_app as build_engine_app
 from disagg.sim.traffic import Request, generate, step
+from simengines import serve_engine
 
 # --- the wait estimate ------------------------------------------------------------------------
 
@@ -94,31 +93,12 @@ def test_only_short_prompts_skip_a_prefill_pool_that_makes_them_wait(
 # --- the router against simulated engines ----------------------------------------------------
 
 
-def _engine(role: str) -> Engine:
-    shape = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"), 1)
-    return Engine(
-        EngineConfig(
-            served_model_name="m", role=role, shape=shape,  # type: ignore[arg-type]
-            max_num_batched_tokens=8192, max_num_seqs=16,
-            kv_capacity_tokens=kv_capacity_tokens(shape), time_scale=0.05,
-            network=NETWORKS["ib400"],
-        )
-    )  # fmt: skip
-
-
 Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]
 
 
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    served = []
-    for role in ("prefill", "decode", "decode"):
-        engine = _engine(role)
-        runner = web.AppRunner(build_engine_app(engine))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        await engine.start("127.0.0.1")
-        served.append((engine, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"))
+    served = [await serve_engine(role) for role in ("prefill", "decode", "decode")]
     prefill, decode = Pool("prefill"), Pool("decode")
     prefill.replace([Endpoint(served[0][2])])
     decode.replace([Endpoint(url) for _, _, url in served[1:]])
