@@ -154,6 +154,10 @@ async def test_a_short_prompt_skips_a_backed_up_prefill_pool(stack: Stack, strea
     assert await _path(client, 4000, stream) == "disaggregated", "too long to offload"
     text = await (await client.get("/metrics")).text()
     assert 'disagg_router_requests_total{code="200",path="offloaded"} 1.0' in text
+    view = await (await client.get("/debug/endpoints")).json()
+    assert view["prefill"][0]["wait_seconds"] > 1.0, "what the router decides on, shown"
+    assert view["prefill"][0]["in_flight_tokens"] >= 30_000
+    assert [row["local_prefills"] for row in view["decode"]] == [0, 0]
 
 
 async def test_no_offload_while_the_prefill_pool_keeps_up_or_no_decode_engine_has_room(

@@ -4,6 +4,7 @@ and tests, the metrics, and the lifetime of the upstream connection pool."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,14 @@ async def endpoints(request: web.Request) -> web.Response:
     view["policy"] = router.picker.policy
     if router.picker.cache_aware:
         view["tokenizer"] = router.prompts.description
+    if router.config.offload is not None:
+        now = time.monotonic()
+        for row in view["prefill"]:
+            url = str(row["url"])
+            row["wait_seconds"] = router.backlog.wait(url, now)
+            row["in_flight_tokens"] = router.backlog.in_flight(url)
+        for row in view["decode"]:
+            row["local_prefills"] = router.decode.endpoints[str(row["url"])].local_prefills
     return web.json_response(view)
 
 

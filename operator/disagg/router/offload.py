@@ -86,6 +86,11 @@ class PrefillBacklog:
         if served:
             engine.finished_tokens += max(0, tokens)
 
+    def in_flight(self, key: str) -> int:
+        """Prompt tokens sent to that engine and not back yet."""
+        known = self.engines.get(key)
+        return known.in_flight_tokens if known is not None else 0
+
     def forget(self, keep: set[str]) -> None:
         """Drop engines no longer in the pool."""
         for key in set(self.engines) - keep:
