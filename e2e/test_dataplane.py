@@ -409,6 +409,50 @@ def test_with_the_whole_prefill_pool_down_decode_serves_alone(tmp_path: object) 
             proc.stop()
 
 
+def test_a_backed_up_prefill_engine_has_short_prompts_prefilled_by_decode_engines() -> None:
+    # Each prefill step takes 1.5 s more (in real time): the router knows nothing of the
+    # engine until its first answer, then reads a wait far past 0.5 s (every prompt sent
+    # since is in flight, and it finished 300 tokens in 1.5 s).
+    prefill = engine(
+        "off-prefill", "127.43.9.1", "prefill", "--fault-added-latency-ms", "1500",
+        time_scale=1.0,
+    )  # fmt: skip
+    decode = [engine(f"off-decode-{i}", f"127.43.9.{i + 1}", "decode") for i in (1, 2)]
+    front = router(
+        "off-router", "127.43.9.100", [prefill], decode, "--pd-threshold", "16",
+        "--offload-max-tokens", "2048", "--offload-wait", "0.5",
+    )  # fmt: skip
+    try:
+
+        async def load() -> list[StreamResult]:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                tasks = []
+                for i in range(60):
+                    prompt = long_prompt(300 + i)
+                    tasks.append(
+                        asyncio.create_task(stream_completion(session, front.url, prompt, 8))
+                    )
+                    await asyncio.sleep(0.05)
+                return await asyncio.gather(*tasks)
+
+        results = run(load())
+        failures = [r for r in results if r.status != 200 or r.error or r.chunks != 8]
+        assert not failures, failures[:3]
+        paths = [r.path for r in results]
+        assert paths[0] == "disaggregated", "nothing known of the prefill engine yet"
+        offloaded = paths.count("offloaded")
+        assert offloaded and offloaded + paths.count("disaggregated") == len(paths), paths
+        metrics = httpx.get(front.url + "/metrics").text
+        assert (
+            f'disagg_router_requests_total{{code="200",path="offloaded"}} {offloaded}.0' in metrics
+        )
+        view = httpx.get(front.url + "/debug/endpoints").json()
+        assert [row["local_prefills"] for row in view["decode"]] == [0, 0], "all released"
+    finally:
+        for proc in (front, prefill, *decode):
+            proc.stop()
+
+
 def test_a_decode_engine_killed_mid_stream_ends_its_streams_with_an_error(
     tmp_path: object,
 ) -> None:
