@@ -89,3 +89,12 @@ def test_nested_objects_default_so_the_api_server_fills_them() -> None:
     assert "default" not in spec["network"]["properties"]["rdma"], "rdma presence is meaningful"
     quantity = spec["network"]["properties"]["shmSize"]
     assert quantity["x-kubernetes-int-or-string"] is True and "type" not in quantity
+
+
+def test_exclusive_bounds_are_written_as_openapi_v3_0_reads_them() -> None:
+    # The API server refuses a CRD whose exclusiveMinimum is a number (JSON Schema's form).
+    bounded = [(path, node) for path, node in _walk(_schema()) if "exclusiveMinimum" in node]
+    assert bounded, "router.prefillOffload.waitFraction has one"
+    for path, node in bounded:
+        assert node["exclusiveMinimum"] is True and node["minimum"] == 0, path
+    assert not [path for path, node in _walk(_schema()) if "exclusiveMaximum" in node]

@@ -30,6 +30,7 @@ from disagg.api.status import DisaggregatedModelStatus
 Schema = dict[str, Any]
 
 _DROPPED_KEYS = {"title", "$defs"}
+_EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
 
 
 def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
@@ -75,6 +76,11 @@ def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         elif key == "default":
             if value is not None and not isinstance(value, dict | list):
                 out["default"] = value
+        elif key in _EXCLUSIVE:
+            # JSON Schema's exclusive bound is a number; OpenAPI v3.0, which the API server
+            # reads, takes the bound as minimum/maximum and a boolean beside it.
+            out[_EXCLUSIVE[key]] = value
+            out[key] = True
         else:
             out[key] = value
     if out.get("x-kubernetes-int-or-string"):
