@@ -5,7 +5,10 @@ engine simulator runs, timed by the same latency model, so the fleet and a singl
 agree by construction. Colocated mode runs prompt and generation in one pool (chunked
 prefill under the token budget); disaggregated mode runs prompts in a prefill pool, moves the
 KV cache over the network (its transfer time follows the model's KV bytes per token), then
-generates in a decode pool. An autoscaling policy can resize the pools every interval; new
+generates in a decode pool. Requests are routed as the router routes them: a prompt under
+the pd threshold goes straight to decode, and a short one is offloaded to a decode engine
+while the prefill pool is backed up (the router's own rule and wait estimate,
+:mod:`disagg.router.offload`). An autoscaling policy can resize the pools every interval; new
 replicas serve after a provisioning delay, removed ones drain first.
 
 Speed: a decode-only step changes nothing anyone else sees until a request finishes, a new
