@@ -18,11 +18,23 @@ router replicas each sees its share of both, so the ratio estimates the whole en
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, Protocol, TypeVar
 
 RATE_MEMORY_SECONDS: Final = 10.0
 """How fast the finish-rate estimate forgets: older completions count e^-age/this."""
+
+
+class DecodeEngine(Protocol):
+    """What the rule needs of a decode engine (the router's endpoint, the simulator's engine)."""
+
+    local_prefills: int
+    """Offloaded prompts it is prefilling now (each until its first token)."""
+
+
+DecodeT = TypeVar("DecodeT", bound=DecodeEngine)
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,39 @@ class Offload:
             and prefill_wait is not None
             and prefill_wait > self.wait_seconds
         )
+
+    def target(
+        self,
+        prompt_tokens: int,
+        prefill_wait: float | None,
+        decode: Iterable[DecodeT],
+        load: Callable[[DecodeT], Any],
+    ) -> DecodeT | None:
+        """The decode engine that prefills this prompt itself: the least loaded of those
+        with a slot free, when the prompt is wanted; else None."""
+        if not self.wanted(prompt_tokens, prefill_wait):
+            return None
+        room = [e for e in decode if e.local_prefills < self.per_decode_engine]
+        return min(room, key=load) if room else None
+
+
+@contextmanager
+def slot(engine: DecodeEngine) -> Iterator[Callable[[], None]]:
+    """Holds one of ``engine``'s offload slots; the callback frees it (at the first token),
+    and leaving the block frees it in any case."""
+    engine.local_prefills += 1
+    held = True
+
+    def free() -> None:
+        nonlocal held
+        if held:
+            held = False
+            engine.local_prefills -= 1
+
+    try:
+        yield free
+    finally:
+        free()
 
 
 @dataclass
@@ -69,10 +114,8 @@ class PrefillBacklog:
             fade = math.exp(-elapsed / RATE_MEMORY_SECONDS)
             engine.finished_tokens *= fade
             # Time busy over the elapsed span, faded as if spread evenly across it.
-            busy = elapsed if engine.in_flight_tokens > 0 else 0.0
-            engine.busy_seconds = engine.busy_seconds * fade + busy * (
-                (1 - fade) * RATE_MEMORY_SECONDS / elapsed
-            )
+            busy = (1 - fade) * RATE_MEMORY_SECONDS if engine.in_flight_tokens > 0 else 0.0
+            engine.busy_seconds = engine.busy_seconds * fade + busy
         engine.since = now if engine.since is None else max(engine.since, now)
         return engine
 

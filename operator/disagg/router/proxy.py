@@ -17,13 +17,13 @@ prefills it itself (path ``offloaded``, :mod:`disagg.router.offload`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from disagg.router import protocol
 from disagg.router.affinity import LocalPrefill, decode_alone
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.offload import Offload, PrefillBacklog
+from disagg.router.offload import Offload, PrefillBacklog, slot
 from disagg.router.prompt_blocks import CharacterReader, Prompt, PromptReader
 from disagg.router.relay import Answer, UpstreamError, relay
 from disagg.sim.tokens import continuation, estimate_tokens
@@ -203,10 +203,9 @@ def _offload_target(router: Router, call: Call) -> Endpoint | None:
         return None
     prefill = [e.url for e in router.prefill.available()]
     router.backlog.forget(set(router.prefill.endpoints))
-    if not rule.wanted(_prompt_tokens(call), router.backlog.least_wait(prefill, time.monotonic())):
-        return None
-    room = [e for e in router.decode.available() if e.local_prefills < rule.per_decode_engine]
-    return min(room, key=lambda e: (e.in_flight, e.url)) if room else None
+    wait = router.backlog.least_wait(prefill, time.monotonic())
+    decode = router.decode.available()
+    return rule.target(_prompt_tokens(call), wait, decode, lambda e: (e.in_flight, e.url))
 
 
 async def _open_decode(
@@ -309,26 +308,11 @@ async def _decode(
     )
 
 
-@contextmanager
-def _local_prefill(endpoint: Endpoint, route: str) -> Iterator[Callable[[], None]]:
-    """While an offloaded prompt is prefilled on ``endpoint``: the callback ends it at the
-    first token; leaving the block ends it in any case."""
-    if route != "offloaded":
-        yield lambda: None
-        return
-    endpoint.local_prefills += 1
-    pending = True
-
-    def done() -> None:
-        nonlocal pending
-        if pending:
-            pending = False
-            endpoint.local_prefills -= 1
-
-    try:
-        yield done
-    finally:
-        done()
+def _local_prefill(
+    endpoint: Endpoint, route: str
+) -> contextlib.AbstractContextManager[Callable[[], None]]:
+    """An offloaded prompt holds one of its engine's offload slots until its first token."""
+    return slot(endpoint) if route == "offloaded" else contextlib.nullcontext(lambda: None)
 
 
 async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.StreamResponse:

@@ -95,8 +95,6 @@ class Fleet:
         self.pools = pools_of(config.mode)
         self._backlog = PrefillBacklog()
         """What the router knows of each prefill engine's queue (for offloading)."""
-        self._offloaded: set[int] = set()
-        """Requests offloaded to a decode engine that have no first token yet."""
         self._room = {
             pool: kv_capacity_tokens(self._shape(pool if pool in self.pools else "decode"))
             for pool in ("prefill", "decode")
@@ -221,8 +219,7 @@ class Fleet:
                 continue
             if index == 0:
                 outcome.first_token = self.now
-                if id(sim) in self._offloaded:
-                    self._offloaded.discard(id(sim))
+                if outcome.offloaded:  # its offload slot is free again
                     engine.local_prefills -= 1
             outcome.last_token = self.now
             outcome.tokens = index + 1
@@ -270,7 +267,6 @@ class Fleet:
         if offload_to is not None:
             outcome.offloaded = True
             offload_to.local_prefills += 1
-            self._offloaded.add(id(whole))
             self._dispatch("decode", whole, outcome, offload_to)
             return
         self._dispatch("prefill", SimRequest(str(index), request.prompt_tokens, 1), outcome)
@@ -281,10 +277,8 @@ class Fleet:
         if rule is None:
             return None
         prefill = [e.name for e in self._serving("prefill")]
-        if not rule.wanted(prompt_tokens, self._backlog.least_wait(prefill, self.now)):
-            return None
-        room = [e for e in self._serving("decode") if e.local_prefills < rule.per_decode_engine]
-        return min(room, key=lambda e: e.outstanding) if room else None
+        wait = self._backlog.least_wait(prefill, self.now)
+        return rule.target(prompt_tokens, wait, self._serving("decode"), lambda e: e.outstanding)
 
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
