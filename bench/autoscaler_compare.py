@@ -88,6 +88,7 @@ GENTLE = ("steady", "diurnal", "step", "shift")
 SIM_SOURCES = (
     "fleet.py",
     "fleet_types.py",
+    "fleet_stats.py",
     "scheduler.py",
     "baselines.py",
     "fleet_policies.py",

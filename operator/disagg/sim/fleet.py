@@ -28,7 +28,6 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
@@ -37,6 +36,7 @@ from disagg.perf.roofline import (
     transfer_time,
 )
 from disagg.router.offload import PrefillBacklog
+from disagg.sim.fleet_stats import pool_stats
 from disagg.sim.fleet_types import (
     Engine,
     FleetConfig,
@@ -46,14 +46,7 @@ from disagg.sim.fleet_types import (
     ScalingPolicy,
     pools_of,
 )
-from disagg.sim.results import (
-    Outcome,
-    Result,
-    cumulative_histogram,
-    percentile,
-    prefill_phase_times,
-    reported_p99,
-)
+from disagg.sim.results import Outcome, Result
 from disagg.sim.scheduler import Scheduler, SimRequest, Step
 from disagg.sim.traffic import Request
 
@@ -282,52 +275,15 @@ class Fleet:
 
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
-        recent = self._arrived[bisect.bisect_left(self._arrivals, since) :]
-        done_first = [o for o in recent if o.first_token is not None]
-        if pool == "prefill" and self.config.mode == "disaggregated":
-            ttfts = [
-                o.prefill_done - o.request.arrival for o in recent if o.prefill_done is not None
-            ]
-        else:
-            ttfts = [t for o in done_first if (t := o.ttft) is not None]
-        # (gaps between its tokens, mean gap) of each request with more than one token
-        streams = [
-            (o.tokens - 1, t) for o in done_first if o.tokens > 1 and (t := o.tpot) is not None
-        ]
-        tpots = [t for _, t in streams]
-        gaps = sum(n for n, _ in streams)
-        disaggregated = self.config.mode == "disaggregated"
-        prefill_times = (
-            [] if disaggregated and pool == "decode" else prefill_phase_times(recent, disaggregated)
-        )
-        engines = [e for e in self.engines if e.pool == pool and e.removed_at is None]
-        serving = self._serving(pool)
-        capacity = sum(e.scheduler.kv_capacity for e in serving) or 1
-        # Rates over what has elapsed, but never over less than one interval: a request at
-        # t=0 is not a rate of 1e9 per second.
-        span = min(self.config.window, max(self.now, self.config.interval))
         served = self._served[pool]
-        served = served[bisect.bisect_left(served, (since, -1)) :]
-        return PoolStats(
-            replicas=len([e for e in engines if not e.draining]),
-            ready=len(serving),
-            ttft_p99=percentile(ttfts, 0.99),
-            tpot_p99=percentile(tpots, 0.99),
-            queue=sum(len(e.scheduler.waiting) for e in serving),
-            running=sum(len(e.scheduler.running) for e in serving),
-            kv_usage=sum(e.scheduler.kv_used for e in serving) / capacity,
-            request_rate=len(recent) / span,
-            prompt_tokens_rate=sum(o.request.prompt_tokens for o in recent) / span,
-            mean_prompt=sum(o.request.prompt_tokens for o in recent) / max(1, len(recent)),
-            mean_output=sum(o.request.output_tokens for o in recent) / max(1, len(recent)),
-            served_rate=len(served) / span,
-            prompt_tokens_served_rate=sum(tokens for _, tokens in served) / span,
-            prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
-            prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
-            tpot_mean=sum(n * t for n, t in streams) / gaps if gaps else None,
-            ttft_reported=reported_p99([(t, 1.0) for t in ttfts], TTFT_BUCKETS),
-            # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
-            tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),
+        return pool_stats(
+            pool,
+            self.config,
+            self.now,
+            self._arrived[bisect.bisect_left(self._arrivals, since) :],
+            served[bisect.bisect_left(served, (since, -1)) :],
+            [e for e in self.engines if e.pool == pool and e.removed_at is None],
+            self._serving(pool),
         )
 
     def _scale(self, pool: PoolName, desired: int) -> None:
