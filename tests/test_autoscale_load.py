@@ -10,7 +10,14 @@ import pytest
 
 from disagg.autoscale.load import coming_backlog, pool_demand
 from disagg.autoscale.model import share_look_back
-from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
+from disagg.autoscale.policy import (
+    Behavior,
+    Decision,
+    PoolMemory,
+    PoolPolicy,
+    Signals,
+    decide_pool,
+)
 
 NOW = 50_000.0
 PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=16, gpus_per_replica=4,
@@ -555,3 +562,55 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     swings = [(40.0, 10.0, 0.15), (40.0, 10.0, 0.15), (90.0, 10.0, 0.36), (90.0, 10.0, 0.36)]
     bursty = watch_decode(swings * 5 + [(40, 10.0, 0.15), (55, 10.0, 0.21), (90, 9.5, 0.36)])
     assert all(r.startswith("hold") for r in bursty), bursty
+
+
+def prefill_timeline(rates: list[float], replicas: int) -> list[tuple[float, int, Decision]]:
+    """(seconds, replicas before, decision) of each resize of a prefill pool whose arrivals
+    follow ``rates`` (one per 15 s evaluation); replicas serve as soon as they are ordered."""
+    memory, resizes, last_scale = PoolMemory(prefill_speed=10_000), [], None
+    for step, rate in enumerate(rates):
+        t = NOW + 15 * step
+        signals = prefill(0.3, rate, at=t)
+        decision = decide_pool(
+            "prefill", signals, replicas, replicas, PREFILL, RULES, memory, last_scale, t
+        )
+        if decision.desired != replicas:
+            resizes.append((15.0 * step, replicas, decision))
+            replicas, last_scale = decision.desired, t
+    return resizes
+
+
+def test_a_scale_up_for_a_surge_holds_what_it_ordered_for_three_look_backs() -> None:
+    # 10 minutes at 8 req/s, a 3-minute burst at 30, then 8 again: the burst may come back
+    # a few minutes later, so the pool it grew is kept 15 minutes, not the spec's 5, and
+    # the scale-up says so (it is the first flap, not the second, that is avoided).
+    rates = [8.0] * 40 + [30.0] * 12 + [8.0] * 120
+    resizes = prefill_timeline(rates, 2)
+    ups = [(t, d) for t, _, d in resizes if d.action == "up"]
+    downs = [(t, d) for t, _, d in resizes if d.action == "down"]
+    assert ups and "a surge: held 900s before scaling down" in ups[0][1].reason, ups
+    assert "arrivals 3.8x their level 120-240s ago" in ups[0][1].reason
+    last_high = 15 * 51  # the burst's last evaluation
+    assert downs and downs[0][0] >= last_high + 900 - 15, downs
+    # The same rise spread over 20 minutes is a trend, not a surge: the spec's look-back.
+    ramp = [8.0 + 22.0 * min(1.0, i / 80) for i in range(100)] + [8.0] * 60
+    resizes = prefill_timeline(ramp, 2)
+    assert all("surge" not in d.reason for _, _, d in resizes), resizes
+    first_down = next(t for t, _, d in resizes if d.action == "down")
+    assert first_down <= 15 * 100 + 300 + 15, resizes
+
+
+def test_arrivals_from_nothing_or_rising_slowly_are_no_surge() -> None:
+    memory = PoolMemory(provisioning=120.0)
+    for step in range(17):  # nothing, then 10 req/s
+        memory.note_arrivals(NOW + 15 * step, 0.0 if step < 8 else 10.0)
+    assert memory.surge(NOW + 15 * 16) is None
+    memory = PoolMemory(provisioning=120.0)
+    for step in range(17):  # 10 -> 14 req/s over four minutes
+        memory.note_arrivals(NOW + 15 * step, 10.0 + 0.25 * step)
+    assert memory.surge(NOW + 15 * 16) is None
+    memory.note_arrivals(NOW + 15 * 17, 20.0)  # half again over a minute before
+    before = [10.0 + 0.25 * step for step in range(1, 9)]  # one to two delays before
+    assert memory.surge(NOW + 15 * 17) == pytest.approx(20.0 / (sum(before) / len(before)))
+    # Only the newest sample speaks for now: no surge read for a time not sampled.
+    assert memory.surge(NOW + 15 * 18) is None

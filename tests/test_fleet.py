@@ -81,7 +81,7 @@ def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
     from disagg.sim.fleet_policies import SloPolicy, StaticPolicy, ThresholdPolicy
     from disagg.sim.traffic import burst
 
-    requests = generate("chat", 2.0, 600, seed=21, shape=burst(200, 200, 20.0))
+    requests = generate("chat", 2.0, 1200, seed=21, shape=burst(200, 200, 20.0))
     policies = {
         "prefill": PoolPolicy(2.0, 1, 8, 1),
         "decode": PoolPolicy(0.05, 1, 8, 1, max_num_seqs=64),
@@ -105,7 +105,7 @@ def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
     assert ours.scaling_actions > 0 and static.scaling_actions == 0
     assert max(s["decode_replicas"] + s["prefill_replicas"] for s in ours.timeline) > 2
     assert ours.attainment(2.0, 0.05)[2] > static.attainment(2.0, 0.05)[2]
-    # It gives the GPUs back after the burst.
+    # It gives the GPUs back after the burst (held three look-backs: it was a surge).
     assert ours.timeline[-1]["prefill_replicas"] + ours.timeline[-1]["decode_replicas"] < max(
         s["prefill_replicas"] + s["decode_replicas"] for s in ours.timeline
     )

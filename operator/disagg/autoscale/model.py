@@ -25,6 +25,12 @@ HISTORY: Final = 1800.0
 LIFETIME_SAMPLES: Final = 3
 """Decode lifetimes kept: a rise over two evaluations in a row is a trend, one is noise."""
 DEFAULT_PROVISIONING: Final = 120.0
+SURGE_RATIO: Final = 1.5
+"""Arrivals this many times what they were one to two provisioning delays before are a
+surge: a burst, which may come back, not a trend the headroom follows."""
+SURGE_LOOK_BACK: Final = 3
+"""A scale-up for a surge holds what it ordered this many configured look-backs (a burst
+coming back a few minutes later finds it), without waiting for a flap to learn it."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +145,12 @@ class PoolMemory:
     """When the pool was last scaled up: a flap's scale-up minus this is how long the load
     took to come back."""
     down_window: float = 0.0
-    """The scale-down look-back learned from flaps: longer than the spec's when load that
-    was scaled away came back within FLAP_SECONDS."""
+    """The scale-down look-back learned from flaps and surges: longer than the spec's when
+    load that was scaled away came back within FLAP_SECONDS, or when a scale-up was for a
+    surge."""
+    arrivals: list[tuple[float, float]] = field(default_factory=list)
+    """(time, requests per second reaching the pool) of the evaluations of the last two
+    provisioning delays: a jump between them is a surge."""
 
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None
@@ -195,14 +205,39 @@ class PoolMemory:
         self.window_queue_change = (waiting - oldest) / (now - start) if now > start else 0.0
         return max(0.0, self.queue_change)
 
-    def scaled(self, now: float, up: bool, configured: float) -> None:
+    def note_arrivals(self, now: float, rate: float) -> None:
+        """Record the requests per second reaching the pool."""
+        oldest = now - 2 * self.provisioning
+        self.arrivals = [sample for sample in self.arrivals if oldest <= sample[0] < now]
+        self.arrivals.append((now, rate))
+
+    def surge(self, now: float) -> float | None:
+        """How many times their mean one to two provisioning delays ago the arrivals are now,
+        when that is SURGE_RATIO or more; None otherwise (and for traffic starting from
+        nothing: no burst has been seen to come back from)."""
+        if not self.arrivals or self.arrivals[-1][0] != now:
+            return None
+        before = [
+            rate
+            for t, rate in self.arrivals
+            if now - 2 * self.provisioning <= t < now - self.provisioning
+        ]
+        if not before or sum(before) <= 0:
+            return None
+        ratio = self.arrivals[-1][1] / (sum(before) / len(before))
+        return ratio if ratio >= SURGE_RATIO else None
+
+    def scaled(self, now: float, up: bool, configured: float, surge: bool = False) -> None:
         """Note a resize. A scale-up soon after a scale-down (a flap) lengthens the look-back:
         to twice what it was, and at least to how long the load took to come back (from the
         scale-up before) plus one provisioning delay, so the pool is still there when it
-        returns as late again."""
+        returns as late again. A scale-up for a ``surge`` lengthens it to SURGE_LOOK_BACK
+        times the configured one at once."""
         if not up:
             self.last_down = now
             return
+        if surge:
+            self.down_window = max(self.down_window, surge_look_back(configured))
         if self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
             learned = 2 * max(configured, self.down_window)
             if self.last_up is not None:
@@ -233,6 +268,11 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
+
+
+def surge_look_back(configured: float) -> float:
+    """The look-back a scale-up for a surge holds (for the ``configured`` one)."""
+    return min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured
 
 
 def share_look_back(memories: Iterable[PoolMemory]) -> None:

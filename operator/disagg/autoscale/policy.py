@@ -29,7 +29,9 @@ no load estimate yet. The inputs and what the policy remembers are in
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, once a scale-down of either pool
   was undone within 5 minutes: bursts that come back are learned, and every request passes
-  through both pools: :func:`~disagg.autoscale.model.share_look_back`), leaving out what only a
+  through both pools: :func:`~disagg.autoscale.model.share_look_back`; 3x from a scale-up
+  for a surge, arrivals up by half from one provisioning delay to the next: a burst, which
+  may come back before a flap could teach it), leaving out what only a
   backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
   size the load fills to at most 80% that would still meet the SLO were the load one estimate
@@ -75,6 +77,7 @@ from disagg.autoscale.model import (
     ScaledPool,
     Signals,
     share_look_back,
+    surge_look_back,
 )
 from disagg.autoscale.sizing import DOWN_HEADROOM
 from disagg.perf.buckets import LATENCY_BUCKETS
@@ -219,6 +222,8 @@ def decide_pool(
     if pool == "decode":
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
+    memory.note_arrivals(now, (signals.request_rate or 0.0) + growing)
+    surge = memory.surge(now)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
         # before them, which says nothing of what the pool now serves; the next evaluation
@@ -305,7 +310,7 @@ def decide_pool(
 
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
-            memory.scaled(now, desired > current, behavior.down_window)
+            memory.scaled(now, desired > current, behavior.down_window, surge is not None)
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
             unreachable=why_unreachable, unreachable_share=share,
@@ -343,6 +348,14 @@ def decide_pool(
             driver = observed
         else:
             driver = f"load ahead of latency ({observed})"
+        if surge is not None:
+            # A burst may come back: what it took is held longer than the spec's look-back.
+            look_back = max(surge_look_back(behavior.down_window), memory.down_window)
+            driver += (
+                f"; arrivals {surge:.1f}x their level {memory.provisioning:.0f}-"
+                f"{2 * memory.provisioning:.0f}s ago, a surge: held {look_back:.0f}s before "
+                "scaling down"
+            )
         return decision(desired, "up", f"scale up: {driver}")
     if breach and starting > 0:
         memory.remember(now, current, horizon, sustained)
