@@ -614,3 +614,25 @@ def test_arrivals_from_nothing_or_rising_slowly_are_no_surge() -> None:
     assert memory.surge(NOW + 15 * 17) == pytest.approx(20.0 / (sum(before) / len(before)))
     # Only the newest sample speaks for now: no surge read for a time not sampled.
     assert memory.surge(NOW + 15 * 18) is None
+
+
+def test_a_pool_does_not_shrink_while_its_arrivals_keep_rising() -> None:
+    # 6 replicas, arrivals rising 4 -> 8 req/s over 10 minutes (never half again within two
+    # minutes: no surge), then flat. The load needs fewer replicas all along, but what a
+    # scale-down sheds during the rise is back within a provisioning delay: it waits for
+    # the arrivals to level off.
+    rates = [4.0 + 4.0 * step / 40 for step in range(40)] + [8.0] * 40
+    memory, replicas, holds, downs = PoolMemory(prefill_speed=10_000), 6, [], []
+    for step, rate in enumerate(rates):
+        t = NOW + 15 * step
+        decision = decide_pool(
+            "prefill", prefill(0.3, rate, at=t), replicas, replicas, PREFILL, RULES, memory,
+            None, t,
+        )  # fmt: skip
+        if "arrivals rising" in decision.reason:
+            holds.append(15 * step)
+        if decision.action == "down":
+            downs.append(15 * step)
+            replicas = decision.desired
+    assert downs and 600 <= downs[0] <= 600 + 2 * 120, downs
+    assert holds and holds[0] <= RULES.down_window and max(holds) < downs[0], holds

@@ -31,7 +31,8 @@ no load estimate yet. The inputs and what the policy remembers are in
   was undone within 5 minutes: bursts that come back are learned, and every request passes
   through both pools: :func:`~disagg.autoscale.model.share_look_back`; 3x from a scale-up
   for a surge, arrivals up by half from one provisioning delay to the next: a burst, which
-  may come back before a flap could teach it), leaving out what only a
+  may come back before a flap could teach it), not while arrivals rise over both of the last
+  two provisioning delays (what it would shed comes back within one), leaving out what only a
   backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
   size the load fills to at most 80% that would still meet the SLO were the load one estimate
@@ -79,7 +80,7 @@ from disagg.autoscale.model import (
     share_look_back,
     surge_look_back,
 )
-from disagg.autoscale.sizing import DOWN_HEADROOM
+from disagg.autoscale.sizing import DOWN_HEADROOM, trend
 from disagg.perf.buckets import LATENCY_BUCKETS
 
 __all__ = [
@@ -383,6 +384,11 @@ def decide_pool(
     kept_for = need.kept_for if need is not None and quiet else ""
     if recommendation >= current:
         return decision(current, "hold", f"{held} ({observed}){kept_for}")
+    rise = trend(memory.arrivals, memory.provisioning)
+    if rise > 1 and not idle:
+        # What a scale-down would shed now arrives again within one provisioning delay.
+        return decision(current, "hold", f"{held} ({observed}); arrivals rising: {rise:.2f}x "
+                        f"within {memory.provisioning:.0f}s, not scaling down")  # fmt: skip
     if since < behavior.down_cooldown:
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
     if target is None or target >= current:
