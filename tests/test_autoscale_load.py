@@ -600,20 +600,27 @@ def test_a_scale_up_for_a_surge_holds_what_it_ordered_for_three_look_backs() -> 
     assert first_down <= 15 * 100 + 300 + 15, resizes
 
 
-def test_arrivals_from_nothing_or_rising_slowly_are_no_surge() -> None:
-    memory = PoolMemory(provisioning=120.0)
-    for step in range(17):  # nothing, then 10 req/s
-        memory.note_arrivals(NOW + 15 * step, 0.0 if step < 8 else 10.0)
-    assert memory.surge(NOW + 15 * 16) is None
-    memory = PoolMemory(provisioning=120.0)
-    for step in range(17):  # 10 -> 14 req/s over four minutes
-        memory.note_arrivals(NOW + 15 * step, 10.0 + 0.25 * step)
-    assert memory.surge(NOW + 15 * 16) is None
-    memory.note_arrivals(NOW + 15 * 17, 20.0)  # half again over a minute before
-    before = [10.0 + 0.25 * step for step in range(1, 9)]  # one to two delays before
-    assert memory.surge(NOW + 15 * 17) == pytest.approx(20.0 / (sum(before) / len(before)))
-    # Only the newest sample speaks for now: no surge read for a time not sampled.
-    assert memory.surge(NOW + 15 * 18) is None
+def test_arrivals_starting_or_rising_slowly_are_no_surge() -> None:
+    def surge_after(rates: list[float]) -> float | None:
+        memory = PoolMemory(provisioning=120.0)
+        for step, rate in enumerate(rates):
+            memory.note_arrivals(NOW + 15 * step, rate, window=60.0)
+        return memory.surge(NOW + 15 * (len(rates) - 1), window=60.0)
+
+    # Traffic starting: the first reading of a rate window that began before it is low (here
+    # nothing), and one tripling of what followed is the window filling, not a burst.
+    assert surge_after([0.0] * 8 + [10.0] * 9) is None
+    assert surge_after([0.0, 5.0] + [10.0] * 14 + [30.0]) is None
+    # Nor is a jump before the history reaches back two provisioning delays.
+    assert surge_after([10.0] * 10 + [30.0]) is None
+    # 10 -> 14 req/s over four minutes is a trend; 20 after it is half again the level one
+    # to two delays before.
+    rising = [10.0 + 0.25 * step for step in range(17)]
+    assert surge_after(rising) is None
+    before = [10.0 + 0.25 * step for step in range(1, 9)]
+    assert surge_after([*rising, 20.0]) == pytest.approx(20.0 / (sum(before) / len(before)))
+    # A steady pool whose traffic triples is surging.
+    assert surge_after([10.0] * 21 + [30.0]) == pytest.approx(3.0)
 
 
 def test_a_pool_does_not_shrink_while_its_arrivals_keep_rising() -> None:

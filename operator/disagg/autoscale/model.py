@@ -206,24 +206,28 @@ class PoolMemory:
         self.window_queue_change = (waiting - oldest) / (now - start) if now > start else 0.0
         return max(0.0, self.queue_change)
 
-    def note_arrivals(self, now: float, rate: float) -> None:
-        """Record the requests per second reaching the pool."""
-        oldest = now - 2 * self.provisioning
+    def note_arrivals(self, now: float, rate: float, window: float) -> None:
+        """Record the requests per second reaching the pool (read over a rate ``window``)."""
+        oldest = now - 2 * self.provisioning - window
         self.arrivals = [sample for sample in self.arrivals if oldest <= sample[0] < now]
         self.arrivals.append((now, rate))
 
-    def surge(self, now: float) -> float | None:
+    def surge(self, now: float, window: float) -> float | None:
         """How many times their mean one to two provisioning delays ago the arrivals are now,
-        when that is SURGE_RATIO or more; None otherwise (and for traffic starting from
-        nothing: no burst has been seen to come back from)."""
+        when that is SURGE_RATIO or more; None otherwise. Traffic starting is no surge: a
+        rate read over a ``window`` that began before it counts only part of it, so every
+        reading back to one window before the earlier delay must have seen traffic (no
+        burst has been seen to come back from nothing), and the history must reach back
+        that far."""
         if not self.arrivals or self.arrivals[-1][0] != now:
             return None
-        before = [
-            rate
-            for t, rate in self.arrivals
-            if now - 2 * self.provisioning <= t < now - self.provisioning
-        ]
-        if not before or sum(before) <= 0:
+        start, end = now - 2 * self.provisioning, now - self.provisioning
+        if self.arrivals[0][0] > start:
+            return None
+        if any(rate <= 0 for t, rate in self.arrivals if start - window <= t < end):
+            return None
+        before = [rate for t, rate in self.arrivals if start <= t < end]
+        if not before:
             return None
         ratio = self.arrivals[-1][1] / (sum(before) / len(before))
         return ratio if ratio >= SURGE_RATIO else None

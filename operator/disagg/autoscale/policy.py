@@ -223,8 +223,8 @@ def decide_pool(
     if pool == "decode":
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
-    memory.note_arrivals(now, (signals.request_rate or 0.0) + growing)
-    surge = memory.surge(now)
+    memory.note_arrivals(now, (signals.request_rate or 0.0) + growing, behavior.window)
+    surge = memory.surge(now, behavior.window)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
         # before them, which says nothing of what the pool now serves; the next evaluation
