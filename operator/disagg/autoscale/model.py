@@ -150,8 +150,8 @@ class PoolMemory:
     surge."""
     arrivals: list[tuple[float, float]] = field(default_factory=list)
     """(time, requests per second reaching the pool) of the evaluations of the last two
-    provisioning delays: a jump between them is a surge, a rise over both a trend (no
-    scale-down while it lasts)."""
+    provisioning delays and one rate window: a jump between the delays is a surge, a rise
+    over both a trend (no scale-down while it lasts)."""
 
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None
