@@ -105,7 +105,7 @@ def test_our_policy_follows_a_burst_that_static_provisioning_cannot() -> None:
     assert ours.scaling_actions > 0 and static.scaling_actions == 0
     assert max(s["decode_replicas"] + s["prefill_replicas"] for s in ours.timeline) > 2
     assert ours.attainment(2.0, 0.05)[2] > static.attainment(2.0, 0.05)[2]
-    # It gives the GPUs back after the burst (held three look-backs: it was a surge).
+    # It gives the GPUs back after the burst (once it has held them for a return of it).
     assert ours.timeline[-1]["prefill_replicas"] + ours.timeline[-1]["decode_replicas"] < max(
         s["prefill_replicas"] + s["decode_replicas"] for s in ours.timeline
     )
