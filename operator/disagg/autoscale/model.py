@@ -242,7 +242,8 @@ class PoolMemory:
             self.last_down = now
             return
         if surge:
-            self.down_window = max(self.down_window, surge_look_back(configured))
+            held = min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured
+            self.down_window = max(self.down_window, held)
         if self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
             learned = 2 * max(configured, self.down_window)
             if self.last_up is not None:
@@ -273,11 +274,6 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
-
-
-def surge_look_back(configured: float) -> float:
-    """The look-back a scale-up for a surge holds (for the ``configured`` one)."""
-    return min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured
 
 
 def share_look_back(memories: Iterable[PoolMemory]) -> None:

@@ -78,7 +78,6 @@ from disagg.autoscale.model import (
     ScaledPool,
     Signals,
     share_look_back,
-    surge_look_back,
 )
 from disagg.autoscale.sizing import DOWN_HEADROOM, trend
 from disagg.perf.buckets import LATENCY_BUCKETS
@@ -312,6 +311,14 @@ def decide_pool(
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
             memory.scaled(now, desired > current, behavior.down_window, surge is not None)
+        if desired > current and surge is not None:
+            # A burst may come back: say how long what it took is now held (the look-back
+            # scaled() left, a flap's included).
+            reason += (
+                f"; arrivals {surge:.1f}x their level {memory.provisioning:.0f}-"
+                f"{2 * memory.provisioning:.0f}s ago, a surge: held {memory.down_window:.0f}s "
+                "before scaling down"
+            )
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
             unreachable=why_unreachable, unreachable_share=share,
@@ -349,14 +356,6 @@ def decide_pool(
             driver = observed
         else:
             driver = f"load ahead of latency ({observed})"
-        if surge is not None:
-            # A burst may come back: what it took is held longer than the spec's look-back.
-            look_back = max(surge_look_back(behavior.down_window), memory.down_window)
-            driver += (
-                f"; arrivals {surge:.1f}x their level {memory.provisioning:.0f}-"
-                f"{2 * memory.provisioning:.0f}s ago, a surge: held {look_back:.0f}s before "
-                "scaling down"
-            )
         return decision(desired, "up", f"scale up: {driver}")
     if breach and starting > 0:
         memory.remember(now, current, horizon, sustained)
