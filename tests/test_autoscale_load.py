@@ -3,16 +3,13 @@ proportional scale-down and the look-back learned from flaps."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
 
 from disagg.autoscale.load import coming_backlog, pool_demand
-from disagg.autoscale.model import share_look_back
 from disagg.autoscale.policy import (
     Behavior,
-    Decision,
     PoolMemory,
     PoolPolicy,
     Signals,
@@ -228,62 +225,6 @@ def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> N
     assert coming_backlog(signals, 10.0, starting, 0.05, 1.7) == pytest.approx(400)
     # A queue that drains within what prompts may wait is not a backlog: no projection.
     assert coming_backlog(prefill(1.5, 60.0, queue=20.0), 10.0, memory, 0.05, 1.7) == 20.0
-
-
-def test_a_scale_down_undone_within_five_minutes_lengthens_the_look_back() -> None:
-    memory = PoolMemory()
-    memory.scaled(NOW, up=False, configured=300)
-    memory.scaled(NOW + 200, up=True, configured=300)
-    assert memory.down_window == 600
-    memory.scaled(NOW + 1000, up=False, configured=300)
-    memory.scaled(NOW + 1100, up=True, configured=300)
-    assert memory.down_window == 1200  # at most 4x the configured window
-    memory.scaled(NOW + 2000, up=False, configured=300)
-    memory.scaled(NOW + 2100, up=True, configured=300)
-    assert memory.down_window == 1200
-    # A scale-up long after the scale-down is new load, not a flap.
-    fresh = PoolMemory()
-    fresh.scaled(NOW, up=False, configured=300)
-    fresh.scaled(NOW + 900, up=True, configured=300)
-    assert fresh.down_window == 0
-
-
-def test_a_burst_that_returns_is_held_for_as_long_as_it_took_to_return() -> None:
-    # Bursts 11 minutes apart: the pool grew for one, shrank 9 minutes later and the next
-    # burst undid that. Doubling the 5-minute look-back would shrink it 10 minutes after
-    # this burst, just before the one after; it now holds for the 11 minutes the load took
-    # to return plus the two a new replica takes to serve.
-    memory = PoolMemory(provisioning=120.0)
-    memory.scaled(NOW, up=True, configured=300)
-    memory.scaled(NOW + 540, up=False, configured=300)
-    memory.scaled(NOW + 660, up=True, configured=300)
-    assert memory.down_window == 660 + 120
-    # Never past 4x the configured window.
-    memory.scaled(NOW + 700, up=False, configured=300)
-    memory.scaled(NOW + 1800, up=True, configured=300)
-    memory.scaled(NOW + 1900, up=False, configured=300)
-    memory.scaled(NOW + 2000, up=True, configured=300)
-    assert memory.down_window == 1200
-
-
-def test_a_look_back_one_pool_learned_holds_the_other_pool_too() -> None:
-    # The prefill pool learned that bursts come back 11 minutes apart (13 minutes of
-    # look-back). Every request passes through both pools: the decode pool, which has
-    # not flapped itself, now holds its burst size as long instead of shrinking after the
-    # configured 5 minutes, just before the next burst.
-    def first_shrink(prefill_memory: PoolMemory) -> float:
-        memory, t = PoolMemory(), NOW
-        while t < NOW + 1200:
-            share_look_back([prefill_memory, memory])
-            signals = decode(100.0, t, kv_usage=0.2)
-            decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, memory, None, t)
-            if decision.action == "down":
-                return t - NOW
-            t += 15
-        return math.inf
-
-    assert first_shrink(PoolMemory()) == 300
-    assert first_shrink(PoolMemory(down_window=780)) == 780
 
 
 def test_decode_is_sized_from_sequences_against_its_kv_cache() -> None:
@@ -562,84 +503,3 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     swings = [(40.0, 10.0, 0.15), (40.0, 10.0, 0.15), (90.0, 10.0, 0.36), (90.0, 10.0, 0.36)]
     bursty = watch_decode(swings * 5 + [(40, 10.0, 0.15), (55, 10.0, 0.21), (90, 9.5, 0.36)])
     assert all(r.startswith("hold") for r in bursty), bursty
-
-
-def prefill_timeline(rates: list[float], replicas: int) -> list[tuple[float, int, Decision]]:
-    """(seconds, replicas before, decision) of each resize of a prefill pool whose arrivals
-    follow ``rates`` (one per 15 s evaluation); replicas serve as soon as they are ordered."""
-    memory, resizes, last_scale = PoolMemory(prefill_speed=10_000), [], None
-    for step, rate in enumerate(rates):
-        t = NOW + 15 * step
-        signals = prefill(0.3, rate, at=t)
-        decision = decide_pool(
-            "prefill", signals, replicas, replicas, PREFILL, RULES, memory, last_scale, t
-        )
-        if decision.desired != replicas:
-            resizes.append((15.0 * step, replicas, decision))
-            replicas, last_scale = decision.desired, t
-    return resizes
-
-
-def test_a_scale_up_for_a_surge_holds_what_it_ordered_for_three_look_backs() -> None:
-    # 10 minutes at 8 req/s, a 3-minute burst at 30, then 8 again: the burst may come back
-    # a few minutes later, so the pool it grew is kept 15 minutes, not the spec's 5, and
-    # the scale-up says so (it is the first flap, not the second, that is avoided).
-    rates = [8.0] * 40 + [30.0] * 12 + [8.0] * 120
-    resizes = prefill_timeline(rates, 2)
-    ups = [(t, d) for t, _, d in resizes if d.action == "up"]
-    downs = [(t, d) for t, _, d in resizes if d.action == "down"]
-    assert ups and "a surge: held 900s before scaling down" in ups[0][1].reason, ups
-    assert "arrivals 3.8x their level 120-240s ago" in ups[0][1].reason
-    last_high = 15 * 51  # the burst's last evaluation
-    assert downs and downs[0][0] >= last_high + 900 - 15, downs
-    # The same rise spread over 20 minutes is a trend, not a surge: the spec's look-back.
-    ramp = [8.0 + 22.0 * min(1.0, i / 80) for i in range(100)] + [8.0] * 60
-    resizes = prefill_timeline(ramp, 2)
-    assert all("surge" not in d.reason for _, _, d in resizes), resizes
-    first_down = next(t for t, _, d in resizes if d.action == "down")
-    assert first_down <= 15 * 100 + 300 + 15, resizes
-
-
-def test_arrivals_starting_or_rising_slowly_are_no_surge() -> None:
-    def surge_after(rates: list[float]) -> float | None:
-        memory = PoolMemory(provisioning=120.0)
-        for step, rate in enumerate(rates):
-            memory.note_arrivals(NOW + 15 * step, rate, window=60.0)
-        return memory.surge(NOW + 15 * (len(rates) - 1), window=60.0)
-
-    # Traffic starting: the first reading of a rate window that began before it is low (here
-    # nothing), and one tripling of what followed is the window filling, not a burst.
-    assert surge_after([0.0] * 8 + [10.0] * 9) is None
-    assert surge_after([0.0, 5.0] + [10.0] * 14 + [30.0]) is None
-    # Nor is a jump before the history reaches back two provisioning delays.
-    assert surge_after([10.0] * 10 + [30.0]) is None
-    # 10 -> 14 req/s over four minutes is a trend; 20 after it is half again the level one
-    # to two delays before.
-    rising = [10.0 + 0.25 * step for step in range(17)]
-    assert surge_after(rising) is None
-    before = [10.0 + 0.25 * step for step in range(1, 9)]
-    assert surge_after([*rising, 20.0]) == pytest.approx(20.0 / (sum(before) / len(before)))
-    # A steady pool whose traffic triples is surging.
-    assert surge_after([10.0] * 21 + [30.0]) == pytest.approx(3.0)
-
-
-def test_a_pool_does_not_shrink_while_its_arrivals_keep_rising() -> None:
-    # 6 replicas, arrivals rising 4 -> 8 req/s over 10 minutes (never half again within two
-    # minutes: no surge), then flat. The load needs fewer replicas all along, but what a
-    # scale-down sheds during the rise is back within a provisioning delay: it waits for
-    # the arrivals to level off.
-    rates = [4.0 + 4.0 * step / 40 for step in range(40)] + [8.0] * 40
-    memory, replicas, holds, downs = PoolMemory(prefill_speed=10_000), 6, [], []
-    for step, rate in enumerate(rates):
-        t = NOW + 15 * step
-        decision = decide_pool(
-            "prefill", prefill(0.3, rate, at=t), replicas, replicas, PREFILL, RULES, memory,
-            None, t,
-        )  # fmt: skip
-        if "arrivals rising" in decision.reason:
-            holds.append(15 * step)
-        if decision.action == "down":
-            downs.append(15 * step)
-            replicas = decision.desired
-    assert downs and 600 <= downs[0] <= 600 + 2 * 120, downs
-    assert holds and holds[0] <= RULES.down_window and max(holds) < downs[0], holds

@@ -3,13 +3,14 @@
 :class:`Signals` are one pool's observations from one evaluation; :class:`PoolPolicy` and
 :class:`Behavior` are the spec's limits and speed limits; :class:`PoolMemory` is what the
 policy learns between evaluations (recommendations for the stabilization window, demand
-history for headroom, the prefill speed and decode knee, the look-back learned from flaps).
+history for headroom, the prefill speed and decode knee, the look-back learned from flaps,
+surges and bursts' ends, and when it was last renewed).
 Losing the memory only delays a scale-down or falls back to latency until it is relearned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -28,9 +29,17 @@ DEFAULT_PROVISIONING: Final = 120.0
 SURGE_RATIO: Final = 1.5
 """Arrivals this many times what they were one to two provisioning delays before are a
 surge: a burst, which may come back, not a trend the headroom follows."""
+PLUNGE_SIGMAS: Final = 5
+"""A fall in arrivals is a burst's end only when the rate estimates' own noise would make it
+less than once in a million readings: at one request per second, rates read over a minute
+wander by half within minutes."""
 SURGE_LOOK_BACK: Final = 3
-"""A scale-up for a surge holds what it ordered this many configured look-backs (a burst
-coming back a few minutes later finds it), without waiting for a flap to learn it."""
+"""A scale-up for a surge, or a burst's end, holds what the pool has this many configured
+look-backs (a burst coming back a few minutes later finds it), without waiting for a flap to
+learn it."""
+LOOK_BACK_MEMORY: Final = 3600.0
+"""A learned look-back halves (down to the spec's) after this long with no flap, surge or
+burst's end to renew it: bursts that stopped coming back stop holding replicas."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,11 @@ class PoolMemory:
     """When the pool was last scaled up: a flap's scale-up minus this is how long the load
     took to come back."""
     down_window: float = 0.0
-    """The scale-down look-back learned from flaps and surges: longer than the spec's when
-    load that was scaled away came back within FLAP_SECONDS, or when a scale-up was for a
-    surge."""
+    """The scale-down look-back learned from flaps, surges and bursts' ends: longer than the
+    spec's when load that was scaled away came back within FLAP_SECONDS, when a scale-up was
+    for a surge, or when arrivals fell as a burst ends."""
+    learned_at: float | None = None
+    """When a flap, surge or burst's end last lengthened or renewed the learned look-back."""
     arrivals: list[tuple[float, float]] = field(default_factory=list)
     """(time, requests per second reaching the pool) of the evaluations of the last two
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
@@ -212,13 +223,11 @@ class PoolMemory:
         self.arrivals = [sample for sample in self.arrivals if oldest <= sample[0] < now]
         self.arrivals.append((now, rate))
 
-    def surge(self, now: float, window: float) -> float | None:
-        """How many times their mean one to two provisioning delays ago the arrivals are now,
-        when that is SURGE_RATIO or more; None otherwise. Traffic starting is no surge: a
-        rate read over a ``window`` that began before it counts only part of it, so every
-        reading back to one window before the earlier delay must have seen traffic (no
-        burst has been seen to come back from nothing), and the history must reach back
-        that far."""
+    def _change(self, now: float, window: float) -> tuple[float, float] | None:
+        """(arrivals now, their mean one to two provisioning delays ago); None when the
+        history does not reach back that far, or when traffic started within it: a rate
+        read over a ``window`` that began before traffic counts only part of it, so every
+        reading back to one window before the earlier delay must have seen traffic."""
         if not self.arrivals or self.arrivals[-1][0] != now:
             return None
         start, end = now - 2 * self.provisioning, now - self.provisioning
@@ -229,8 +238,60 @@ class PoolMemory:
         before = [rate for t, rate in self.arrivals if start <= t < end]
         if not before:
             return None
-        ratio = self.arrivals[-1][1] / (sum(before) / len(before))
+        return self.arrivals[-1][1], sum(before) / len(before)
+
+    def surge(self, now: float, window: float) -> float | None:
+        """How many times their mean one to two provisioning delays ago the arrivals are now,
+        when that is SURGE_RATIO or more; None otherwise (also while the history cannot
+        tell: see _change)."""
+        change = self._change(now, window)
+        if change is None:
+            return None
+        ratio = change[0] / change[1]
         return ratio if ratio >= SURGE_RATIO else None
+
+    def plunge(self, now: float, window: float) -> float | None:
+        """How many times the arrivals now their mean one to two provisioning delays ago was,
+        when that is SURGE_RATIO or more, more than the rate's own noise could fall, and the
+        pool's demand fell too (a burst ending: it may come back); None otherwise. A decode
+        pool counts the requests it finishes: outputs getting longer finish fewer for a
+        while, but hold more sequences, not fewer."""
+        change = self._change(now, window)
+        if change is None:
+            return None
+        start, end = now - 2 * self.provisioning, now - self.provisioning
+        held = [demand for t, demand in self.demand if start <= t < end]
+        if not held or self.demand[-1][0] != now or self.demand[-1][1] >= sum(held) / len(held):
+            return None
+        rate, before = change
+        # Poisson counts: the reading spans one window, the mean it is compared with one
+        # provisioning delay of readings (a delay and a window of arrivals).
+        error = math.sqrt(rate / window + before / (self.provisioning + window))
+        if before - rate <= PLUNGE_SIGMAS * error:
+            return None
+        ratio = before / rate if rate > 0 else math.inf
+        return ratio if ratio >= SURGE_RATIO else None
+
+    def note_plunge(self, now: float, configured: float) -> None:
+        """A burst ended: hold what it took SURGE_LOOK_BACK configured look-backs, as a surge's
+        scale-up does (the burst may come back)."""
+        self._learn(now, min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured)
+
+    def _learn(self, now: float, look_back: float) -> None:
+        """Lengthen the learned look-back to at least ``look_back``, and renew it."""
+        self.down_window = max(self.down_window, look_back)
+        self.learned_at = now
+
+    def forget(self, now: float, configured: float) -> float | None:
+        """Halve a learned look-back that went LOOK_BACK_MEMORY without a flap, surge or
+        burst's end to renew it (back to the ``configured`` one once half is no longer
+        longer); the look-back it was, when it did."""
+        if self.learned_at is None or now - self.learned_at < LOOK_BACK_MEMORY:
+            return None
+        was, half = self.down_window, self.down_window / 2
+        self.down_window = half if half > configured else 0.0
+        self.learned_at = now if self.down_window else None
+        return was
 
     def scaled(self, now: float, up: bool, configured: float, surge: bool = False) -> None:
         """Note a resize. A scale-up soon after a scale-down (a flap) lengthens the look-back:
@@ -242,13 +303,13 @@ class PoolMemory:
             self.last_down = now
             return
         if surge:
-            held = min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured
-            self.down_window = max(self.down_window, held)
+            self._learn(now, min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured)
         if self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
             learned = 2 * max(configured, self.down_window)
             if self.last_up is not None:
                 learned = max(learned, now - self.last_up + self.provisioning)
             self.down_window = min(MAX_DOWN_WINDOW_FACTOR * configured, learned)
+            self.learned_at = now
             self.last_down = None
         self.last_up = now
 
@@ -274,16 +335,3 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
-
-
-def share_look_back(memories: Iterable[PoolMemory]) -> None:
-    """Give every pool of a model the longest scale-down look-back any of them learned.
-
-    Every request passes through both pools, so a burst that came back to one (its
-    scale-down undone within FLAP_SECONDS) comes back to the other: a decode pool that has
-    not flapped yet would otherwise shrink between bursts its prefill pool already holds
-    for, and meet the next one a replica short."""
-    pools = list(memories)
-    learned = max((memory.down_window for memory in pools), default=0.0)
-    for memory in pools:
-        memory.down_window = max(memory.down_window, learned)

@@ -29,9 +29,11 @@ no load estimate yet. The inputs and what the policy remembers are in
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, once a scale-down of either pool
   was undone within 5 minutes: bursts that come back are learned, and every request passes
-  through both pools: :func:`~disagg.autoscale.model.share_look_back`; 3x from a scale-up
-  for a surge, arrivals up by half from one provisioning delay to the next: a burst, which
-  may come back before a flap could teach it), not while arrivals rise over both of the last
+  through both pools: :func:`~disagg.autoscale.look_back.share_look_back`; 3x from a scale-up
+  for a surge, arrivals up by half from one provisioning delay to the next, or from a
+  burst's end, the requests a decode pool finishes down by a third, far beyond their noise,
+  and the sequences it holds down too: a burst may come back before a flap could teach it;
+  halved after an hour with none of these), not while arrivals rise over both of the last
   two provisioning delays (what it would shed comes back within one), leaving out what only a
   backlog asked for (it is drained once), at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
@@ -70,6 +72,7 @@ from disagg.autoscale.load import (
     pool_demand,
     unreachable,
 )
+from disagg.autoscale.look_back import look_back_news, share_look_back
 from disagg.autoscale.model import (
     Behavior,
     PoolMemory,
@@ -77,7 +80,6 @@ from disagg.autoscale.model import (
     PoolPolicy,
     ScaledPool,
     Signals,
-    share_look_back,
 )
 from disagg.autoscale.sizing import DOWN_HEADROOM, trend
 from disagg.perf.buckets import LATENCY_BUCKETS
@@ -224,6 +226,12 @@ def decide_pool(
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
     memory.note_arrivals(now, (signals.request_rate or 0.0) + growing, behavior.window)
     surge = memory.surge(now, behavior.window)
+    forgotten = memory.forget(now, behavior.down_window)
+    # A burst's end is read where every request ends: the prefill pool's arrivals also fall
+    # while the router offloads short prompts to decode engines (a wave of long prompts).
+    plunge = memory.plunge(now, behavior.window) if pool == "decode" else None
+    if plunge is not None:
+        memory.note_plunge(now, behavior.down_window)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
         # before them, which says nothing of what the pool now serves; the next evaluation
@@ -311,14 +319,12 @@ def decide_pool(
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
             memory.scaled(now, desired > current, behavior.down_window, surge is not None)
-        if desired > current and surge is not None:
-            # A burst may come back: say how long what it took is now held (the look-back
-            # scaled() left, a flap's included).
-            reason += (
-                f"; arrivals {surge:.1f}x their level {memory.provisioning:.0f}-"
-                f"{2 * memory.provisioning:.0f}s ago, a surge: held {memory.down_window:.0f}s "
-                "before scaling down"
-            )
+        # A burst may come back: say how long what it took is now held (the look-back
+        # scaled() left, a flap's included).
+        reason += look_back_news(
+            memory, behavior.down_window, surge=surge if desired > current else None,
+            plunge=plunge, forgotten=forgotten,
+        )  # fmt: skip
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
             unreachable=why_unreachable, unreachable_share=share,
@@ -391,7 +397,10 @@ def decide_pool(
     if since < behavior.down_cooldown:
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
     if target is None or target >= current:
-        return decision(current, "hold", f"stabilizing scale-down ({observed})")
+        learned = (
+            f" over a learned {down_window:.0f}s" if down_window > behavior.down_window else ""
+        )
+        return decision(current, "hold", f"stabilizing scale-down{learned} ({observed})")
     desired = max(target, recommendation, current - behavior.down_step)
     sized = f"; load needs {need.replicas}: {need.why}{kept_for}" if need and not idle else ""
     return decision(desired, "down", f"scale down: {observed}{sized}")
