@@ -208,17 +208,6 @@ def test_arrivals_falling_slowly_or_by_noise_or_past_a_busy_pool_are_no_burst_en
         decision = decide_pool("decode", signals, 16, 16, DECODE, RULES, memory, None, t)
         assert "burst" not in decision.reason, decision.reason
     assert memory.down_window == 0
-    # 0.5 req/s read over a minute: the count's noise moves the rate by half within minutes
-    # (here to a third at worst), but never by five of its standard deviations.
-    rng, counts, memory, ends = random.Random(11), [], PoolMemory(), 0
-    for step in range(2000):
-        counts.append(sum(rng.random() < 0.5 for _ in range(15)))
-        t = NOW + 15 * step
-        rate = sum(counts[-4:]) / 60
-        memory.track(t, 20 * rate, 1, 1)
-        memory.note_arrivals(t, rate, window=60.0)
-        ends += memory.plunge(t, window=60.0) is not None
-    assert ends == 0
     # The prefill pool's arrivals fall when the router offloads prompts to decode engines:
     # it reads no burst's end; the decode pool, where every request ends, does.
     resizes = prefill_timeline([30.0] * 20 + [8.0] * 60, 4)
@@ -284,3 +273,17 @@ def test_traffic_stopping_holds_the_pool_as_a_burst_end_and_says_so() -> None:
     _, decisions, memory = decode_timeline([10.0] * 20 + [0.0] * 4, replicas=2)
     assert memory.down_window == 900
     assert "arrivals fell to nothing from their level 120-240s ago" in decisions[-1].reason
+
+
+def test_arrivals_wandering_with_their_own_noise_are_no_surge_and_no_burst_end() -> None:
+    # 0.5 req/s read over a minute: the count's noise moves the rate by half within minutes,
+    # up or down, but never by five of its standard deviations.
+    rng, counts, memory, jumps = random.Random(11), [], PoolMemory(), []
+    for step in range(2000):
+        counts.append(sum(rng.random() < 0.5 for _ in range(15)))
+        t = NOW + 15 * step
+        rate = sum(counts[-4:]) / 60
+        memory.track(t, 20 * rate, 1, 1)
+        memory.note_arrivals(t, rate, window=60.0)
+        jumps += [jump for jump in (memory.surge(t, 60.0), memory.plunge(t, 60.0)) if jump]
+    assert jumps == []

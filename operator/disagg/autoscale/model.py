@@ -29,10 +29,10 @@ DEFAULT_PROVISIONING: Final = 120.0
 SURGE_RATIO: Final = 1.5
 """Arrivals this many times what they were one to two provisioning delays before are a
 surge: a burst, which may come back, not a trend the headroom follows."""
-PLUNGE_SIGMAS: Final = 5
-"""A fall in arrivals is a burst's end only when the rate estimates' own noise would make it
-less than once in a million readings: at one request per second, rates read over a minute
-wander by half within minutes."""
+JUMP_SIGMAS: Final = 5
+"""A jump in arrivals (a surge, a burst's end) counts only when the rate estimates' own noise
+would make it less than once in a million readings: at one request per second, rates read
+over a minute wander by half within minutes."""
 SURGE_LOOK_BACK: Final = 3
 """A scale-up for a surge, or a burst's end, holds what the pool has this many configured
 look-backs (a burst coming back a few minutes later finds it), without waiting for a flap to
@@ -224,7 +224,8 @@ class PoolMemory:
         self.arrivals.append((now, rate))
 
     def _change(self, now: float, window: float) -> tuple[float, float] | None:
-        """(arrivals now, their mean one to two provisioning delays ago); None when the
+        """(arrivals now, their mean one to two provisioning delays ago) when they differ by
+        more than JUMP_SIGMAS of the two rates' Poisson noise; None otherwise, when the
         history does not reach back that far, or when traffic started within it: a rate
         read over a ``window`` that began before traffic counts only part of it, so every
         reading back to one window before the earlier delay must have seen traffic."""
@@ -238,12 +239,16 @@ class PoolMemory:
         before = [rate for t, rate in self.arrivals if start <= t < end]
         if not before:
             return None
-        return self.arrivals[-1][1], sum(before) / len(before)
+        rate, mean = self.arrivals[-1][1], sum(before) / len(before)
+        # Poisson counts: the reading spans one window, the mean it is compared with one
+        # provisioning delay of readings (a delay and a window of arrivals).
+        error = math.sqrt(rate / window + mean / (self.provisioning + window))
+        return (rate, mean) if abs(rate - mean) > JUMP_SIGMAS * error else None
 
     def surge(self, now: float, window: float) -> float | None:
         """How many times their mean one to two provisioning delays ago the arrivals are now,
-        when that is SURGE_RATIO or more; None otherwise (also while the history cannot
-        tell: see _change)."""
+        when that is SURGE_RATIO or more; None otherwise (also when it is within the rates'
+        noise or the history cannot tell: see _change)."""
         change = self._change(now, window)
         if change is None:
             return None
@@ -252,7 +257,7 @@ class PoolMemory:
 
     def plunge(self, now: float, window: float) -> float | None:
         """How many times the arrivals now their mean one to two provisioning delays ago was,
-        when that is SURGE_RATIO or more, more than the rate's own noise could fall, and the
+        when that is SURGE_RATIO or more (and beyond the rates' noise: see _change), and the
         pool's demand fell too (a burst ending: it may come back); None otherwise. A decode
         pool counts the requests it finishes: outputs getting longer finish fewer for a
         while, but hold more sequences, not fewer."""
@@ -264,11 +269,6 @@ class PoolMemory:
         if not held or self.demand[-1][0] != now or self.demand[-1][1] >= sum(held) / len(held):
             return None
         rate, before = change
-        # Poisson counts: the reading spans one window, the mean it is compared with one
-        # provisioning delay of readings (a delay and a window of arrivals).
-        error = math.sqrt(rate / window + before / (self.provisioning + window))
-        if before - rate <= PLUNGE_SIGMAS * error:
-            return None
         ratio = before / rate if rate > 0 else math.inf
         return ratio if ratio >= SURGE_RATIO else None
 
