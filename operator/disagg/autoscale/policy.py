@@ -227,8 +227,8 @@ def decide_pool(
     memory.note_arrivals(now, (signals.request_rate or 0.0) + growing, behavior.window)
     surge = memory.surge(now, behavior.window)
     forgotten = memory.forget(now, behavior.down_window)
-    # A burst's end is read where every request ends: the prefill pool's arrivals also fall
-    # while the router offloads short prompts to decode engines (a wave of long prompts).
+    # A burst's end is read where every request ends: what a prefill pool finishes also
+    # falls when long prompts back it up and the router offloads short ones to decode.
     plunge = memory.plunge(now, behavior.window) if pool == "decode" else None
     if plunge is not None:
         memory.note_plunge(now, behavior.down_window)
