@@ -186,13 +186,13 @@ def test_a_burst_that_ends_is_held_for_three_look_backs_even_if_it_came_too_earl
     assert any("stabilizing scale-down over a learned 900s" in d.reason for d in decisions)
     last_high = 15 * 59  # the second burst's last evaluation
     assert downs and downs[0] >= last_high + 900 - 15, resizes
-    # Without the rule the pool shrank between the bursts and grew again for the second.
+    # The look-back a burst's end sets: three configured ones, renewed as it is read.
     fresh = PoolMemory()
     fresh.note_plunge(NOW, configured=300)
     assert fresh.down_window == 900 and fresh.learned_at == NOW
 
 
-def test_arrivals_falling_slowly_or_by_noise_or_past_a_busy_pool_are_no_burst_end() -> None:
+def test_a_slow_fall_a_busy_pool_or_the_prefill_pool_reads_no_burst_end() -> None:
     # Falling from 30 to 8 req/s over 20 minutes is a trend: the spec's look-back.
     decline = [30.0] * 20 + [30.0 - 22.0 * min(1.0, i / 80) for i in range(120)]
     resizes, decisions, memory = decode_timeline(decline, replicas=3)
@@ -208,8 +208,9 @@ def test_arrivals_falling_slowly_or_by_noise_or_past_a_busy_pool_are_no_burst_en
         decision = decide_pool("decode", signals, 16, 16, DECODE, RULES, memory, None, t)
         assert "burst" not in decision.reason, decision.reason
     assert memory.down_window == 0
-    # The prefill pool's arrivals fall when the router offloads prompts to decode engines:
-    # it reads no burst's end; the decode pool, where every request ends, does.
+    # What a prefill pool finishes falls too when long prompts back it up and the router
+    # offloads short ones to decode engines: it reads no burst's end (the decode pool,
+    # where every request ends, does) and shrinks on the spec's look-back.
     resizes = prefill_timeline([30.0] * 20 + [8.0] * 60, 4)
     assert all("burst" not in d.reason for _, _, d in resizes), resizes
     assert resizes[0][0] <= 15 * 20 + 300, resizes
@@ -232,15 +233,15 @@ def test_a_learned_look_back_halves_after_an_hour_without_a_burst() -> None:
     flapped.scaled(NOW, up=False, configured=300)
     flapped.scaled(NOW + 200, up=True, configured=300)
     assert flapped.down_window == 600 and flapped.learned_at == NOW + 200
-    # The decision that forgets says so, and the pool shrinks on the shorter look-back.
+    # The decision that forgets says so.
     memory = PoolMemory(down_window=900, learned_at=NOW - LOOK_BACK_MEMORY)
     decision = decide_pool("decode", decode(100.0, NOW), 1, 1, DECODE, RULES, memory, None, NOW)
     assert "look-back 900 -> 450s: no flap, surge or burst's end for 3600s" in decision.reason
 
 
 def test_both_pools_forget_a_shared_look_back_together() -> None:
-    # The decode pool read a burst's end an hour ago and the prefill pool took its look-back;
-    # a later flap renewed the prefill pool's: both keep the renewed one.
+    # The decode pool read a burst's end an hour ago and the prefill pool took its look-back:
+    # both halve it at once. A later burst's end read by one renews it for both.
     prefill_memory = PoolMemory(down_window=900, learned_at=NOW - LOOK_BACK_MEMORY)
     decode_memory = PoolMemory(down_window=900, learned_at=NOW - LOOK_BACK_MEMORY)
     share_look_back([prefill_memory, decode_memory])
@@ -268,8 +269,9 @@ def test_outputs_getting_longer_are_no_burst_end() -> None:
 
 
 def test_traffic_stopping_holds_the_pool_as_a_burst_end_and_says_so() -> None:
-    # Arrivals stop: nothing the pool held may be back in minutes, or may not; it is kept
-    # three look-backs like any burst's end, and the reason does not divide by zero.
+    # Traffic that stops may start again in minutes or not at all: nothing tells which, so
+    # what the pool holds is kept three look-backs like any burst's end, and the reason
+    # says the arrivals fell to nothing (not to 1/inf).
     _, decisions, memory = decode_timeline([10.0] * 20 + [0.0] * 4, replicas=2)
     assert memory.down_window == 900
     assert "arrivals fell to nothing from their level 120-240s ago" in decisions[-1].reason
