@@ -227,7 +227,7 @@ def test_a_learned_look_back_halves_after_an_hour_without_a_burst() -> None:
     assert memory.down_window == 450
     # An hour more and half of it is no longer than the spec's: the spec's again.
     assert memory.forget(NOW + 3000 + 2 * LOOK_BACK_MEMORY, configured=300) == 450
-    assert memory.down_window == 0 and memory.learned_at is None
+    assert memory.down_window == 0
     assert memory.forget(NOW + 3000 + 5 * LOOK_BACK_MEMORY, configured=300) is None
     flapped = PoolMemory()
     flapped.scaled(NOW, up=False, configured=300)
@@ -240,18 +240,36 @@ def test_a_learned_look_back_halves_after_an_hour_without_a_burst() -> None:
 
 
 def test_both_pools_forget_a_shared_look_back_together() -> None:
-    # The decode pool read a burst's end an hour ago and the prefill pool took its look-back:
-    # both halve it at once. A later burst's end read by one renews it for both.
-    prefill_memory = PoolMemory(down_window=900, learned_at=NOW - LOOK_BACK_MEMORY)
-    decode_memory = PoolMemory(down_window=900, learned_at=NOW - LOOK_BACK_MEMORY)
-    share_look_back([prefill_memory, decode_memory])
-    assert prefill_memory.forget(NOW, 300) == decode_memory.forget(NOW, 300) == 900
-    share_look_back([prefill_memory, decode_memory])
-    assert prefill_memory.down_window == decode_memory.down_window == 450
-    prefill_memory.note_plunge(NOW + 60, configured=300)
-    share_look_back([prefill_memory, decode_memory])
-    assert decode_memory.down_window == 900 and decode_memory.learned_at == NOW + 60
-    assert decode_memory.forget(NOW + 60 + LOOK_BACK_MEMORY - 1, 300) is None
+    # The decode pool read a burst's end and the prefill pool took its look-back. Whether
+    # the look-back is shared before each pool's evaluation (the simulator) or once before
+    # both (the operator), an hour on it halves once for both pools, and an hour later it
+    # is the spec's again, each pool's decision saying so once.
+    for shared_per_pool in (True, False):
+        memories = {"prefill": PoolMemory(), "decode": PoolMemory()}
+        memories["decode"].note_plunge(NOW, configured=300)
+        said: list[tuple[float, str]] = []
+        for step in range(4 * 240 + 1):
+            t = NOW + 15 * step
+            if not shared_per_pool:
+                share_look_back(memories.values())
+            for pool, signals in (
+                ("prefill", prefill(0.3, 8.0, at=t)),
+                ("decode", decode(80.0, t)),
+            ):
+                if shared_per_pool:
+                    share_look_back(memories.values())
+                policy = PREFILL if pool == "prefill" else DECODE
+                decision = decide_pool(pool, signals, 1, 1, policy, RULES, memories[pool], None, t)
+                if "look-back" in decision.reason:
+                    said.append((t - NOW, decision.reason.split("; ")[-1]))
+            if step == 240 - 1 or step == 480 - 1 or step == 4 * 240:
+                share_look_back(memories.values())
+                look_backs = {memory.down_window for memory in memories.values()}
+                assert look_backs == {900 if step < 240 else 450 if step < 480 else 0}, step
+        message = "look-back {} -> {}s: no flap, surge or burst's end for 3600s"
+        hours = [(3600.0, message.format(900, 450)), (7200.0, message.format(450, 300))]
+        assert sorted(set(said)) == hours, (shared_per_pool, said)
+        assert len(said) <= 4, said
 
 
 def test_outputs_getting_longer_are_no_burst_end() -> None:

@@ -16,20 +16,22 @@ __all__ = ["look_back_news", "share_look_back"]
 
 
 def share_look_back(memories: Iterable[PoolMemory]) -> None:
-    """Give every pool of a model the longest scale-down look-back any of them learned.
+    """Give every pool of a model the scale-down look-back any of them learned or forgot
+    last (of those changed at once, the longest).
 
     Every request passes through both pools, so a burst that came back to one (its
     scale-down undone within FLAP_SECONDS) comes back to the other: a decode pool that has
     not flapped yet would otherwise shrink between bursts its prefill pool already holds
-    for, and meet the next one a replica short. When it was learned goes with it."""
+    for, and meet the next one a replica short. Learning starts from the shared look-back,
+    so the newest is also the longest, until an hour without bursts halves it: then the
+    halved one is the newest, and the pools forget it together."""
     pools = list(memories)
     if not pools:
         return
 
-    # The longest, and of those the one renewed last: the pools forget it together.
     def recency(memory: PoolMemory) -> tuple[float, float]:
         learned = -math.inf if memory.learned_at is None else memory.learned_at
-        return memory.down_window, learned
+        return learned, memory.down_window
 
     longest = max(pools, key=recency)
     for memory in pools:

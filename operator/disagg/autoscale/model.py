@@ -158,7 +158,8 @@ class PoolMemory:
     spec's when load that was scaled away came back within FLAP_SECONDS, when a scale-up was
     for a surge, or when arrivals fell as a burst ends."""
     learned_at: float | None = None
-    """When a flap, surge or burst's end last lengthened or renewed the learned look-back."""
+    """When a flap, surge or burst's end last lengthened or renewed the learned look-back, or
+    an hour without them last halved it."""
     arrivals: list[tuple[float, float]] = field(default_factory=list)
     """(time, requests per second reaching the pool) of the evaluations of the last two
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
@@ -286,11 +287,13 @@ class PoolMemory:
         """Halve a learned look-back that went LOOK_BACK_MEMORY without a flap, surge or
         burst's end to renew it (back to the ``configured`` one once half is no longer
         longer); the look-back it was, when it did."""
-        if self.learned_at is None or now - self.learned_at < LOOK_BACK_MEMORY:
+        if not self.down_window or self.learned_at is None:
+            return None
+        if now - self.learned_at < LOOK_BACK_MEMORY:
             return None
         was, half = self.down_window, self.down_window / 2
         self.down_window = half if half > configured else 0.0
-        self.learned_at = now if self.down_window else None
+        self.learned_at = now
         return was
 
     def scaled(self, now: float, up: bool, configured: float, surge: bool = False) -> None:
