@@ -84,6 +84,32 @@ def bursty_code(seed: int) -> tuple[Scenario, list[Request]]:
     return scenario, requests
 
 
+def long_bursty_code(
+    seed: int, hours: float = 3.0, bursty_minutes: float | None = None
+) -> tuple[Scenario, list[Request]]:
+    """The bursty-code deployment over ``hours``, longer than a learned look-back is kept: a
+    2-4x surprise burst in every 10 minutes, or, with ``bursty_minutes``, only in those, then
+    calm traffic that dips slowly to 40% from the second hour and comes back."""
+    rng = random.Random(seed)
+    duration = hours * 3600
+    bursty = duration if bursty_minutes is None else bursty_minutes * 60
+    bursts = []
+    for period in range(int(bursty // 600)):
+        start = period * 600 + rng.uniform(100, 400)
+        bursts.append((start, start + rng.uniform(60, 180), rng.uniform(2, 4)))
+
+    def rate(t: float) -> float:
+        dip = 0.6 * max(0.0, math.sin(math.pi * (t - 3600) / 7200)) if t > 3600 else 0.0
+        base = 5.0 if bursty_minutes is None else 5.0 * (1 - dip)
+        return base * max([f for s, e, f in bursts if s <= t < e] or [1.0])
+
+    requests = [
+        Request(t, _lognormal(rng, 7.0, 1.3, 16, 7437), _lognormal(rng, 2.8, 0.85, 1, 512))
+        for t in _arrivals(rng, rate, 20.0, duration, 4.0)
+    ]
+    return Scenario(model="llama-3.1-8b", ttft=1.0, tpot=0.03, duration=duration), requests
+
+
 def diurnal_long(seed: int) -> tuple[Scenario, list[Request]]:
     rng = random.Random(seed)
     duration = 3600.0
