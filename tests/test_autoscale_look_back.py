@@ -188,7 +188,7 @@ def test_a_burst_that_ends_is_held_for_three_look_backs_even_if_it_came_too_earl
     assert downs and downs[0] >= last_high + 900 - 15, resizes
     # The look-back a burst's end sets: three configured ones, renewed as it is read.
     fresh = PoolMemory()
-    fresh.note_plunge(NOW, configured=300)
+    fresh.hold_burst(NOW, configured=300)
     assert fresh.down_window == 900 and fresh.learned_at == NOW
 
 
@@ -218,10 +218,10 @@ def test_a_slow_fall_a_busy_pool_or_the_prefill_pool_reads_no_burst_end() -> Non
 
 def test_a_learned_look_back_halves_after_an_hour_without_a_burst() -> None:
     memory = PoolMemory()
-    memory.note_plunge(NOW, configured=300)
+    memory.hold_burst(NOW, configured=300)
     assert memory.forget(NOW + LOOK_BACK_MEMORY - 1, configured=300) is None
     # A burst's end (or a surge, or a flap) renews it.
-    memory.note_plunge(NOW + 3000, configured=300)
+    memory.hold_burst(NOW + 3000, configured=300)
     assert memory.forget(NOW + 3000 + LOOK_BACK_MEMORY - 1, configured=300) is None
     assert memory.forget(NOW + 3000 + LOOK_BACK_MEMORY, configured=300) == 900
     assert memory.down_window == 450
@@ -246,7 +246,7 @@ def test_both_pools_forget_a_shared_look_back_together() -> None:
     # is the spec's again, each pool's decision saying so once.
     for shared_per_pool in (True, False):
         memories = {"prefill": PoolMemory(), "decode": PoolMemory()}
-        memories["decode"].note_plunge(NOW, configured=300)
+        memories["decode"].hold_burst(NOW, configured=300)
         said: list[tuple[float, str]] = []
         for step in range(4 * 240 + 1):
             t = NOW + 15 * step

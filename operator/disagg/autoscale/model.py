@@ -237,10 +237,10 @@ class PoolMemory:
             return None
         if any(rate <= 0 for t, rate in self.arrivals if start - window <= t < end):
             return None
-        before = [rate for t, rate in self.arrivals if start <= t < end]
-        if not before:
+        mean = self._delay_ago(self.arrivals, now)
+        if mean is None:
             return None
-        rate, mean = self.arrivals[-1][1], sum(before) / len(before)
+        rate = self.arrivals[-1][1]
         # Poisson counts: the reading spans one window, the mean it is compared with one
         # provisioning delay of readings (a delay and a window of arrivals).
         error = math.sqrt(rate / window + mean / (self.provisioning + window))
@@ -265,22 +265,25 @@ class PoolMemory:
         change = self._change(now, window)
         if change is None:
             return None
-        start, end = now - 2 * self.provisioning, now - self.provisioning
-        held = [demand for t, demand in self.demand if start <= t < end]
-        if not held or self.demand[-1][0] != now or self.demand[-1][1] >= sum(held) / len(held):
+        held = self._delay_ago(self.demand, now)
+        if held is None or self.demand[-1][0] != now or self.demand[-1][1] >= held:
             return None
         rate, before = change
         ratio = before / rate if rate > 0 else math.inf
         return ratio if ratio >= SURGE_RATIO else None
 
-    def note_plunge(self, now: float, configured: float) -> None:
-        """A burst ended: hold what it took SURGE_LOOK_BACK configured look-backs, as a surge's
-        scale-up does (the burst may come back)."""
-        self._learn(now, min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured)
+    def _delay_ago(self, samples: list[tuple[float, float]], now: float) -> float | None:
+        """The mean of ``samples`` one to two provisioning delays before ``now``; None
+        without one there."""
+        start, end = now - 2 * self.provisioning, now - self.provisioning
+        values = [value for t, value in samples if start <= t < end]
+        return sum(values) / len(values) if values else None
 
-    def _learn(self, now: float, look_back: float) -> None:
-        """Lengthen the learned look-back to at least ``look_back``, and renew it."""
-        self.down_window = max(self.down_window, look_back)
+    def hold_burst(self, now: float, configured: float) -> None:
+        """A surge's scale-up or a burst's end: hold what the pool has SURGE_LOOK_BACK
+        ``configured`` look-backs (the burst may come back), and renew the learned one."""
+        held = min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured
+        self.down_window = max(self.down_window, held)
         self.learned_at = now
 
     def forget(self, now: float, configured: float) -> float | None:
@@ -306,7 +309,7 @@ class PoolMemory:
             self.last_down = now
             return
         if surge:
-            self._learn(now, min(MAX_DOWN_WINDOW_FACTOR, SURGE_LOOK_BACK) * configured)
+            self.hold_burst(now, configured)
         if self.last_down is not None and now - self.last_down <= FLAP_SECONDS:
             learned = 2 * max(configured, self.down_window)
             if self.last_up is not None:

@@ -72,7 +72,7 @@ from disagg.autoscale.load import (
     pool_demand,
     unreachable,
 )
-from disagg.autoscale.look_back import look_back_news, share_look_back
+from disagg.autoscale.look_back import read_look_back, share_look_back
 from disagg.autoscale.model import (
     Behavior,
     PoolMemory,
@@ -225,13 +225,7 @@ def decide_pool(
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
     memory.note_arrivals(now, (signals.request_rate or 0.0) + growing, behavior.window)
-    surge = memory.surge(now, behavior.window)
-    forgotten = memory.forget(now, behavior.down_window)
-    # A burst's end is read where every request ends: what a prefill pool finishes also
-    # falls when long prompts back it up and the router offloads short ones to decode.
-    plunge = memory.plunge(now, behavior.window) if pool == "decode" else None
-    if plunge is not None:
-        memory.note_plunge(now, behavior.down_window)
+    look_back = read_look_back(pool, memory, behavior, now)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
         # before them, which says nothing of what the pool now serves; the next evaluation
@@ -318,13 +312,10 @@ def decide_pool(
 
     def decision(desired: int, action: Action, reason: str) -> Decision:
         if desired != current:
-            memory.scaled(now, desired > current, behavior.down_window, surge is not None)
+            memory.scaled(now, desired > current, behavior.down_window, look_back.surge is not None)
         # A burst may come back: say how long what it took is now held (the look-back
         # scaled() left, a flap's included).
-        reason += look_back_news(
-            memory, behavior.down_window, surge=surge if desired > current else None,
-            plunge=plunge, forgotten=forgotten,
-        )  # fmt: skip
+        reason += look_back.news(memory, behavior.down_window, scaled_up=desired > current)
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
             unreachable=why_unreachable, unreachable_share=share,
