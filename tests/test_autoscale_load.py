@@ -100,13 +100,13 @@ def test_prompts_that_miss_at_any_size_do_not_drive_scaling_and_are_reported() -
 
 
 def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
-    memory = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 40.0)])
+    memory = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 40.0, None)])
     # The queue fell from 40 to 10 since the last look: the 9 s p99 is what the backlog cost.
     signals = prefill(9.0, 10.0, queue=10.0)
     decision = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, memory, None, NOW)
     assert decision.action == "hold", decision.reason
     # The same p99 with the backlog still growing is a reason to add replicas.
-    growing = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 5.0)])
+    growing = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 5.0, None)])
     decision = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, growing, None, NOW)
     assert decision.action == "up", decision.reason
 
@@ -117,7 +117,7 @@ def test_replicas_that_just_arrived_order_nothing_for_the_queue_the_smaller_pool
     # tokens/s drain that backlog in under a minute; the growth was the smaller pool's.
     def arrived(queue: float) -> str:
         memory = PoolMemory(prefill_speed=20_000, starting_since=NOW - 120,
-                            queues=[(NOW - 15, 86.0)])  # fmt: skip
+                            queues=[(NOW - 15, 86.0, None)])  # fmt: skip
         signals = prefill(28.0, 20.0, queue=553.0)
         first = decide_pool("prefill", signals, 3, 3, PREFILL, RULES, memory, NOW - 120, NOW)
         assert first.action == "hold", first.reason
@@ -266,7 +266,7 @@ def test_prompts_slow_only_because_they_are_batched_are_load_not_unreachable() -
     # Saturated: 20k tokens/s served by one replica, each 1000-token prompt spends 2.5-5 s in
     # its prefill phase only because 50 others share its steps. Alone it takes 0.05 s.
     batched = ((2.5, 0.0), (5.0, 100.0), (float("inf"), 100.0))
-    memory = PoolMemory(prefill_speed=20_000, queues=[(NOW - 15, 10.0)])
+    memory = PoolMemory(prefill_speed=20_000, queues=[(NOW - 15, 10.0, None)])
     signals = prefill(4.0, 20.0, prefill_seconds=2.5, prefill_buckets=batched, queue=60.0)
     decision = decide_pool("prefill", signals, 1, 1, PREFILL, RULES, memory, None, NOW)
     assert decision.unreachable is None, decision.unreachable
@@ -417,14 +417,14 @@ def test_the_queue_change_over_the_window_is_measured_from_a_sample_a_window_old
 def test_replicas_already_starting_that_will_drain_a_decode_backlog_are_not_ordered_again() -> None:
     # One ready replica holds 200 sequences of 25 s (its KV cache full: 170 each at the
     # target) with 600 waiting, 3 more per second; the replicas ordered 90 s ago serve in 30 s.
-    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, queues=[(NOW - 15, 555)])
+    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, queues=[(NOW - 15, 555, None)])
     signals = decode(200.0, NOW, queue=600.0, request_rate=8.0, kv_usage=1.0)
     # Two are starting: three replicas drain the 690 they will find within a minute and a
     # half, long before a fourth ordered now would serve.
     decision = decide_pool("decode", signals, 3, 1, DECODE, RULES, memory, None, NOW)
     assert decision.action == "hold", decision.reason
     # One is starting: two replicas would take six minutes over it, so a third is ordered.
-    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, queues=[(NOW - 15, 555)])
+    memory = PoolMemory(starting_since=NOW - 90, provisioning=120, queues=[(NOW - 15, 555, None)])
     decision = decide_pool("decode", signals, 2, 1, DECODE, RULES, memory, None, NOW)
     assert decision.action == "up" and decision.desired > 2, decision.reason
 
@@ -433,11 +433,11 @@ def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothin
     # Three replicas arrived 15 s ago and the queue fell from 280 to 160 since: the 450
     # sequences running are the backlog being drained, not demand that stays.
     signals = decode(450.0, NOW, queue=160.0, kv_usage=0.7)
-    fresh = PoolMemory(ready_at=NOW - 15, queues=[(NOW - 15, 280.0)])
+    fresh = PoolMemory(ready_at=NOW - 15, queues=[(NOW - 15, 280.0, None)])
     decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, fresh, NOW - 135, NOW)
     assert decision.action == "hold", decision.reason
     # The same load long after the last scale-up is a pool that is too small.
-    settled = PoolMemory(ready_at=NOW - 600, queues=[(NOW - 15, 280.0)])
+    settled = PoolMemory(ready_at=NOW - 600, queues=[(NOW - 15, 280.0, None)])
     decision = decide_pool("decode", signals, 3, 3, DECODE, RULES, settled, NOW - 720, NOW)
     assert decision.action == "up", decision.reason
 
@@ -447,16 +447,16 @@ def test_requests_passing_through_a_decode_pool_with_room_order_no_replica() -> 
     # decode replica is sampled. It runs 44 sequences at 24% of its KV cache: it admits all
     # four at its next step, so they are no backlog.
     passing = decode(44.0, NOW, queue=4.0, kv_usage=0.24, request_rate=12.0)
-    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    memory = PoolMemory(queues=[(NOW - 15, 0.0, None)])
     decision = decide_pool("decode", passing, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
     assert decision.action == "hold", decision.reason
     # The same queue appearing in front of a full KV cache is a backlog.
-    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    memory = PoolMemory(queues=[(NOW - 15, 0.0, None)])
     full = decode(170.0, NOW, queue=4.0, kv_usage=1.0, request_rate=12.0)
     decision = decide_pool("decode", full, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
     assert decision.action == "up", decision.reason
     # And in front of a replica at its max-num-seqs.
-    memory = PoolMemory(queues=[(NOW - 15, 0.0)])
+    memory = PoolMemory(queues=[(NOW - 15, 0.0, None)])
     slots = decode(256.0, NOW, queue=4.0, kv_usage=0.5, request_rate=12.0)
     decision = decide_pool("decode", slots, 1, 1, DECODE, RULES, memory, NOW - 900, NOW)
     assert decision.action == "up", decision.reason

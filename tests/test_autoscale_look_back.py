@@ -286,6 +286,40 @@ def test_outputs_getting_longer_are_no_burst_end() -> None:
     assert memory.down_window == 0
 
 
+def test_a_backlog_draining_is_no_burst_end() -> None:
+    # 10 req/s arrive throughout, each sequence living 20 s. For four minutes the pool
+    # finishes only 6 a second and a queue builds; new replicas then drain it in two minutes
+    # (18 finish a second) and the pool settles back at 10. What it finished fell from 18 to
+    # 10, and what it holds fell with it, as at a burst's end: but what it held fell by as
+    # much as it finished more, so nothing more arrived and nothing ended.
+    def finishing(step: int) -> float:
+        return 10.0 if step < 20 else 6.0 if step < 36 else 18.0 if step < 44 else 10.0
+
+    memory, queue, finished, backlogs = PoolMemory(), 0.0, [], []
+    for step in range(100):
+        t = NOW + 15 * step
+        finished.append(finishing(step))
+        queue = max(0.0, queue + (10.0 - finished[-1]) * 15)
+        backlogs.append(queue)
+        # The engines' rate is read over the rate window (RULES: 60 s, four evaluations).
+        rate = sum(finished[-4:]) / len(finished[-4:])
+        signals = decode(200.0, t, request_rate=rate, queue=queue)
+        decision = decide_pool("decode", signals, 4, 4, DECODE, RULES, memory, None, t)
+        assert "burst" not in decision.reason and "surge" not in decision.reason, (t, decision)
+    assert max(backlogs) == 960 and backlogs[-1] == 0
+    assert memory.down_window == 0
+    # The same backlog draining into the running sequences (the queue was already empty)
+    # reads the same: what the pool holds counts running sequences too.
+    memory = PoolMemory()
+    memory.queue_growth(NOW, 0.0, 60.0, running=500.0)
+    growing = memory.queue_growth(NOW + 60, 0.0, 60.0, running=200.0)
+    assert memory.arrived(15.0, growing) == pytest.approx(10.0)
+    # Without a running count, the queue's change alone.
+    memory = PoolMemory()
+    memory.queue_growth(NOW, 300.0, 60.0)
+    assert memory.arrived(15.0, memory.queue_growth(NOW + 60, 0.0, 60.0)) == pytest.approx(10.0)
+
+
 def test_traffic_stopping_holds_the_pool_as_a_burst_end_and_says_so() -> None:
     # Traffic that stops may start again in minutes or not at all: nothing tells which, so
     # what the pool holds is kept three look-backs like any burst's end, and the reason

@@ -130,15 +130,19 @@ class PoolMemory:
     starting_since: float | None = None
     ready_at: float | None = None
     """When the replicas of the last scale-up all became ready."""
-    queues: list[tuple[float, float]] = field(default_factory=list)
-    """(time, waiting requests) of each evaluation over the last rate window (and always the
-    previous one): how fast the backlog grows."""
+    queues: list[tuple[float, float, float | None]] = field(default_factory=list)
+    """(time, waiting requests, running ones) of each evaluation over the last rate window
+    (and always the previous one): how fast the backlog grows."""
     queue_change: float = 0.0
     """Waiting requests per second since the previous evaluation, negative while a backlog
     drains."""
     window_queue_change: float = 0.0
     """Waiting requests per second over the rate window: the engines' finished requests
     (counted over the same window) plus this is what arrived in it."""
+    window_held_change: float = 0.0
+    """Requests waiting or running, per second, over the rate window (the queue's alone when
+    a running count is missing): the engines' finished requests plus this is what arrived in
+    it, also while a backlog drains into running sequences."""
     lifetimes: list[tuple[float, float, float]] = field(default_factory=list)
     """Decode: (time, running sequences, their lifetime in seconds: running over completions
     per second) of the last LIFETIME_SAMPLES evaluations; a lifetime that jumps is outputs
@@ -198,9 +202,12 @@ class PoolMemory:
         self.steps = [sample for sample in self.steps if now - HISTORY < sample[0] < now]
         self.steps.append((now, per_replica, step))
 
-    def queue_growth(self, now: float, queue: float | None, window: float) -> float:
+    def queue_growth(
+        self, now: float, queue: float | None, window: float, running: float | None = None
+    ) -> float:
         """Waiting requests added per second since the previous evaluation (0 if shrinking;
-        ``queue_change`` keeps the sign, ``window_queue_change`` the same over ``window``)."""
+        ``queue_change`` keeps the sign, ``window_queue_change`` the same over ``window``,
+        ``window_held_change`` counts the ``running`` ones too)."""
         waiting = queue or 0.0
         previous = self.queues[-1] if self.queues else None
         if previous is None or now <= previous[0]:
@@ -209,14 +216,27 @@ class PoolMemory:
             self.queue_change = (waiting - previous[1]) / (now - previous[0])
         # A sample from the future is a clock that jumped back: measure from here on.
         self.queues = [sample for sample in self.queues if sample[0] < now]
-        self.queues.append((now, waiting))
+        self.queues.append((now, waiting, running))
         # Keep the newest sample at least a window old: the change is measured from it (the
         # window is never shorter than an evaluation interval, so the previous one stays).
         while len(self.queues) > 1 and now - self.queues[1][0] >= window:
             self.queues.pop(0)
-        start, oldest = self.queues[0]
-        self.window_queue_change = (waiting - oldest) / (now - start) if now > start else 0.0
+        start, oldest, ran = self.queues[0]
+        span = now - start
+        self.window_queue_change = (waiting - oldest) / span if span > 0 else 0.0
+        self.window_held_change = self.window_queue_change
+        if running is not None and ran is not None and span > 0:
+            self.window_held_change += (running - ran) / span
         return max(0.0, self.queue_change)
+
+    def arrived(self, finished: float, growing: float) -> float:
+        """Requests per second that reached the pool: what its engines finished over the rate
+        window plus how many more it holds (waiting or running) than at the window's start;
+        while its queue grows, plus that growth now instead (a surge's first sign). A draining
+        backlog's finishes had arrived before: counted again, the drain after an output shift
+        read as a burst's end and held the replicas it took."""
+        held = growing if growing > 0 else self.window_held_change
+        return max(0.0, finished + held)
 
     def note_arrivals(self, now: float, rate: float, window: float) -> None:
         """Record the requests per second reaching the pool (read over a rate ``window``)."""

@@ -217,14 +217,16 @@ def decide_pool(
     idle = signals.request_rate == 0 and not signals.queue and not signals.running
     latency = 0.0 if idle or signals.p99 is None else signals.p99 / policy.slo
     since = math.inf if last_scale is None else now - last_scale
-    growing = memory.queue_growth(signals.sampled_at, signals.queue, behavior.window)
+    growing = memory.queue_growth(
+        signals.sampled_at, signals.queue, behavior.window, signals.running
+    )
     memory.track(
         now, pool_demand(pool, signals, growing, memory.window_queue_change), current, ready
     )
     if pool == "decode":
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
-    memory.note_arrivals(now, (signals.request_rate or 0.0) + growing, behavior.window)
+    memory.note_arrivals(now, memory.arrived(signals.request_rate or 0.0, growing), behavior.window)
     look_back = read_look_back(pool, memory, behavior, now)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool
