@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_a_pool_does_not_shrink_while_its_arrivals_keep_rising() -> None:
     # scale-down sheds during the rise is back within a provisioning delay: it waits for
     # the arrivals to level off.
     rates = [4.0 + 4.0 * step / 40 for step in range(40)] + [8.0] * 40
-    memory, replicas, holds, downs = PoolMemory(prefill_speed=10_000), 6, [], []
+    memory, replicas, holds, downs, said = PoolMemory(prefill_speed=10_000), 6, [], [], []
     for step, rate in enumerate(rates):
         t = NOW + 15 * step
         decision = decide_pool(
@@ -144,11 +145,17 @@ def test_a_pool_does_not_shrink_while_its_arrivals_keep_rising() -> None:
         )  # fmt: skip
         if "arrivals rising" in decision.reason:
             holds.append(15 * step)
+            said.append(decision.reason.split("; ")[-1])
         if decision.action == "down":
             downs.append(15 * step)
             replicas = decision.desired
     assert downs and 600 <= downs[0] <= 600 + 2 * 120, downs
     assert holds and holds[0] <= RULES.down_window and max(holds) < downs[0], holds
+    # The hold says by how much: the ramp adds 0.8 req/s per 120 s delay, 10-20% of the
+    # 4-8 req/s it climbs through; as it levels off, the rise fitted over two delays fades.
+    first = re.fullmatch(r"arrivals rising: (\d+\.\d)% more within 120s, not scaling down", said[0])
+    assert first and 10 <= float(first[1]) <= 20, said
+    assert said[-1] == "arrivals rising: under 0.1% more within 120s, not scaling down", said
 
 
 def decode_timeline(

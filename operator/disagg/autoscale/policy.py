@@ -385,7 +385,8 @@ def decide_pool(
     rise = trend(memory.arrivals, memory.provisioning)
     if rise > 1 and not idle:
         # What a scale-down would shed now arrives again within one provisioning delay.
-        return decision(current, "hold", f"{held} ({observed}); arrivals rising: {rise:.2f}x "
+        more = f"{rise - 1:.1%}" if rise >= 1.001 else "under 0.1%"
+        return decision(current, "hold", f"{held} ({observed}); arrivals rising: {more} more "
                         f"within {memory.provisioning:.0f}s, not scaling down")  # fmt: skip
     if since < behavior.down_cooldown:
         return decision(current, "hold", f"in scale-down cooldown ({observed})")
