@@ -80,7 +80,7 @@ def read_look_back(
     (held now), and forget a learned look-back an hour old; the arrivals are noted first."""
     surge = memory.surge(now, behavior.window)
     forgotten = memory.forget(now, behavior.down_window)
-    # A burst's end is read where every request ends: what a prefill pool finishes also
+    # A burst's end is read where every request ends: what reaches a prefill pool also
     # falls when long prompts back it up and the router offloads short ones to decode.
     plunge = memory.plunge(now, behavior.window) if pool == "decode" else None
     if plunge is not None:

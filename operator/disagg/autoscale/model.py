@@ -279,9 +279,9 @@ class PoolMemory:
     def plunge(self, now: float, window: float) -> float | None:
         """How many times the arrivals now their mean one to two provisioning delays ago was,
         when that is SURGE_RATIO or more (and beyond the rates' noise: see _change), and the
-        pool's demand fell too (a burst ending: it may come back); None otherwise. A decode
-        pool counts the requests it finishes: outputs getting longer finish fewer for a
-        while, but hold more sequences, not fewer."""
+        pool's demand fell too (a burst ending: it may come back); None otherwise. Outputs
+        getting longer finish fewer requests for a while, but hold more sequences, not
+        fewer (and those count as arrived: see arrived)."""
         change = self._change(now, window)
         if change is None:
             return None

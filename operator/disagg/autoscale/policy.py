@@ -31,7 +31,7 @@ no load estimate yet. The inputs and what the policy remembers are in
   was undone within 5 minutes: bursts that come back are learned, and every request passes
   through both pools: :func:`~disagg.autoscale.look_back.share_look_back`; 3x from a scale-up
   for a surge, arrivals up by half from one provisioning delay to the next, or from a
-  burst's end, the requests a decode pool finishes down by a third, far beyond their noise,
+  burst's end, the requests reaching a decode pool down by a third, far beyond their noise,
   and the sequences it holds down too: a burst may come back before a flap could teach it;
   halved after an hour with none of these), not while arrivals rise over both of the last
   two provisioning delays (what it would shed comes back within one), leaving out what only a
