@@ -111,6 +111,31 @@ def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
     assert decision.action == "up", decision.reason
 
 
+def test_a_pool_over_its_slo_does_not_cancel_replicas_still_starting() -> None:
+    # Five ordered, one ready, 40 s of TTFT p99 and a backlog that stopped growing: the p99
+    # counts toward no further scale-up (it is what the backlog cost), and the load read on
+    # the one saturated replica says fewer would do. The four starting are kept until they
+    # serve and the p99 is read on them.
+    memory = PoolMemory(prefill_speed=10_000, starting_since=NOW - 150, provisioning=300,
+                        queues=[(NOW - 15, 170.0, None)])  # fmt: skip
+    for step in range(30):  # longer than the 300 s look-back: it holds nothing back
+        t = NOW + 15 * step
+        signals = prefill(40.0, 2.0, at=t, queue=168.0 - step)
+        decision = decide_pool("prefill", signals, 5, 1, PREFILL, RULES, memory, NOW - 150, t)
+        assert decision.action == "hold", (t, decision.reason)
+    assert "waiting for 4 starting replica(s)" in decision.reason
+    # The same pool within its SLO may give back what its load does not need.
+    memory = PoolMemory(prefill_speed=10_000, starting_since=NOW - 150, provisioning=300,
+                        queues=[(NOW - 15, 0.0, None)])  # fmt: skip
+    for step in range(25):
+        t = NOW + 15 * step
+        decision = decide_pool("prefill", prefill(0.3, 2.0, at=t), 5, 1, PREFILL, RULES, memory,
+                               NOW - 150, t)  # fmt: skip
+        if decision.action == "down":
+            break
+    assert decision.action == "down" and decision.desired < 5, decision.reason
+
+
 def test_replicas_that_just_arrived_order_nothing_for_the_queue_the_smaller_pool_grew() -> None:
     # One replica faced 20 req/s of 1000-token prompts for two minutes while two more
     # started: 553 wait, 31 more each second until the two serve. Three replicas at 20k

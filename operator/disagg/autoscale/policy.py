@@ -356,7 +356,10 @@ def decide_pool(
         else:
             driver = f"load ahead of latency ({observed})"
         return decision(desired, "up", f"scale up: {driver}")
-    if breach and starting > 0:
+    if starting > 0 and (breach or latency > 1 + band):
+        # Over the SLO, a p99 that no longer counts toward a scale-up still says the pool has
+        # not served what it ordered: a starting replica cancelled on a saturated pool's load
+        # estimate was ordered again minutes later.
         memory.remember(now, current, horizon, sustained)
         return decision(current, "hold", f"waiting for {starting} starting replica(s) ({observed})")
 
