@@ -58,12 +58,12 @@ lost, only delay a scale-down or fall back to latency feedback until they are le
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
 from disagg.autoscale.decode import KV_USAGE_TARGET, in_transit
 from disagg.autoscale.inputs import accepted
+from disagg.autoscale.latency import MIN_TOLERANCE, surely_over, surely_under, tolerance
 from disagg.autoscale.load import (
     UNREACHABLE_MARK,
     feed_forward,
@@ -103,7 +103,6 @@ __all__ = [
 Action = Literal["up", "down", "hold"]
 
 QUEUE_PER_REPLICA_TARGET: Final = 2.0
-MIN_TOLERANCE: Final = 0.1
 INVALID_MARK: Final = "metrics invalid"
 """How a hold on values no engine reports begins: status and Events tell it by this."""
 UNREACHABLE_P99: Final = 0.01
@@ -127,42 +126,6 @@ class Decision:
     unreachable_share: float = 0.0
     invalid: str | None = None
     """Which signal held the pool because no engine reports such a value, when one did."""
-
-
-def tolerance(slo: float, buckets: Sequence[float]) -> float:
-    """Relative dead band around the SLO: half the width of the histogram bucket holding it.
-
-    histogram_quantile interpolates linearly inside a bucket, so near an edge small load
-    changes move the estimate by up to a bucket's width; deciding inside that band would flap.
-    """
-    lower = 0.0
-    for upper in buckets:
-        if slo <= upper:
-            return max(MIN_TOLERANCE, (upper - lower) / 2 / slo)
-        lower = upper
-    return MIN_TOLERANCE
-
-
-def surely_over(p99: float, buckets: Sequence[float]) -> float:
-    """What a p99 read from a histogram says for certain: the lower bound of the bucket it
-    falls in.
-
-    Inside a bucket histogram_quantile interpolates by the share of observations above the
-    bound, not by how slow they were: with vLLM's TTFT buckets a p99 anywhere from 1 to 2.5 s
-    reads between 1 and 2.5 s depending only on how many requests passed 1 s. Sizing on the
-    interpolated value grew a pool by half when 1.5% of its prompts took just over a 1 s SLO.
-    (Certain for a p99 read from these ``buckets``: they must be the engine's own.)"""
-    return max((bound for bound in buckets if bound < p99), default=0.0)
-
-
-def surely_under(p99: float, buckets: Sequence[float]) -> float:
-    """The most a p99 read from a histogram can be: the upper bound of the bucket it falls in
-    (itself beyond the last bound).
-
-    A quiet pool must show headroom under its SLO, but inside a bucket the interpolated p99
-    cannot: with vLLM's inter-token buckets and a 30 ms SLO, a pool whose every token came
-    within 10-25 ms reads 24.9 ms, never the 24 ms that 20% under the SLO asks for."""
-    return min((bound for bound in buckets if bound >= p99), default=p99)
 
 
 def _hold(pool: PoolName, current: int, reason: str) -> Decision:
