@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from traces import long_bursty_code
+from traces import bursty_code
 
 import disagg.autoscale.model as autoscale_model
 from disagg.sim.fleet import simulate
@@ -36,7 +36,7 @@ def _run(shape: str, seed: int, forget: bool) -> tuple[float, float, int]:
     if not forget:
         # The policy has no setting for it: a worker that keeps its look-back for good.
         autoscale_model.LOOK_BACK_MEMORY = math.inf  # type: ignore[misc]
-    scenario, requests = long_bursty_code(seed, bursty_minutes=SHAPES[shape])
+    scenario, requests = bursty_code(seed, hours=3.0, bursty_minutes=SHAPES[shape])
     scenario = dataclasses.replace(
         scenario, policy="ours", prefill_replicas=1, decode_replicas=1, provisioning_delay=120.0
     )

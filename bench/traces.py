@@ -65,31 +65,13 @@ def chat_wave(seed: int) -> tuple[Scenario, list[Request]]:
     return scenario, requests
 
 
-def bursty_code(seed: int) -> tuple[Scenario, list[Request]]:
-    rng = random.Random(seed)
-    duration = 1800.0
-    bursts = []
-    for third in range(3):
-        start = third * 600 + rng.uniform(100, 400)
-        bursts.append((start, start + rng.uniform(60, 180), rng.uniform(2, 4)))
-
-    def rate(t: float) -> float:
-        return 5.0 * max([f for s, e, f in bursts if s <= t < e] or [1.0])
-
-    requests = [
-        Request(t, _lognormal(rng, 7.0, 1.3, 16, 7437), _lognormal(rng, 2.8, 0.85, 1, 512))
-        for t in _arrivals(rng, rate, 20.0, duration, 4.0)
-    ]
-    scenario = Scenario(model="llama-3.1-8b", ttft=1.0, tpot=0.03, duration=duration)
-    return scenario, requests
-
-
-def long_bursty_code(
-    seed: int, hours: float = 3.0, bursty_minutes: float | None = None
+def bursty_code(
+    seed: int, hours: float = 0.5, bursty_minutes: float | None = None
 ) -> tuple[Scenario, list[Request]]:
-    """The bursty-code deployment over ``hours``, longer than a learned look-back is kept: a
-    2-4x surprise burst in every 10 minutes, or, with ``bursty_minutes``, only in those, then
-    calm traffic that dips slowly to 40% from the second hour and comes back."""
+    """Code completion with a 2-4x surprise burst in every 10 minutes of ``hours`` (30 minutes
+    for the compare bench); with ``bursty_minutes``, bursts only in those, then calm traffic
+    that dips slowly to 40% from the second hour and comes back (longer than a learned
+    look-back is kept: bench/look_back_decay.py)."""
     rng = random.Random(seed)
     duration = hours * 3600
     bursty = duration if bursty_minutes is None else bursty_minutes * 60

@@ -1,5 +1,6 @@
-"""The policy's load-driven rules: sizing ahead of latency, unreachable SLOs, stale p99s,
-proportional scale-down and the look-back learned from flaps."""
+"""The policy's load-driven rules: sizing ahead of latency, unreachable SLOs, stale p99s and
+proportional scale-down (the look-back learned from flaps, surges and bursts' ends is in
+test_autoscale_look_back.py)."""
 
 from __future__ import annotations
 
