@@ -455,6 +455,56 @@ def test_replicas_already_starting_that_will_drain_a_decode_backlog_are_not_orde
     assert decision.action == "up" and decision.desired > 2, decision.reason
 
 
+def test_replicas_starting_that_drain_a_backlog_only_after_another_serves_are_not_enough() -> None:
+    # The same pool, its two replicas ordered 15 s ago: they serve in 105 s and find 915
+    # waiting, which takes them 97 s more. A replica ordered now serves 15 s after they do,
+    # while 80 s of that backlog is still left: it is ordered.
+    memory = PoolMemory(starting_since=NOW - 15, provisioning=120, queues=[(NOW - 15, 555, None)])
+    signals = decode(200.0, NOW, queue=600.0, request_rate=8.0, kv_usage=1.0)
+    decision = decide_pool("decode", signals, 3, 1, DECODE, RULES, memory, None, NOW)
+    assert decision.action == "up" and decision.desired > 3, decision.reason
+
+
+def saturated_memory(steps: bool) -> PoolMemory:
+    # The pool served 25 to 60 sequences a replica at 22.0 to 22.7 ms a step before its
+    # outputs got longer.
+    served = [(NOW - 600 + 15 * i, 25.0 + 5 * i, 0.0215 + 0.00002 * (25 + 5 * i)) for i in range(8)]
+    return PoolMemory(queues=[(NOW - 15, 570.0, None)], steps=served if steps else [])
+
+
+def test_a_saturated_decode_pool_is_sized_on_the_steps_of_a_pool_that_holds_it() -> None:
+    # One replica holds 200 sequences, every step batching all it can at 36 ms; 600 wait,
+    # 2 more a second, and 8 finish a second: they live 25 s. Read at those steps, the pool
+    # needs 200 + (2 + 600/60) x 25 = 500 sequences, three replicas of 230. A replica holding
+    # at most 230 steps in 26 ms by what the pool served before: sequences live 1.38x
+    # shorter there, and two replicas hold them.
+    signals = decode(200.0, NOW, queue=600.0, request_rate=8.0, tpot_mean=0.036, p99=0.05)
+    slow = decide_pool("decode", signals, 1, 1, DECODE, RULES, saturated_memory(False),
+                       NOW - 45, NOW)  # fmt: skip
+    assert slow.action == "up" and slow.desired == 3, slow.reason
+    sized = decide_pool("decode", signals, 1, 1, DECODE, RULES, saturated_memory(True),
+                        NOW - 45, NOW)  # fmt: skip
+    assert sized.action == "up" and sized.desired == 2, sized.reason
+    assert "living 1.38x shorter at a 26ms step than at the full pool's 36ms" in sized.reason
+    # Without a queue the pool is not saturated: its sequences are what it holds.
+    calm = replace(signals, queue=0.0, running=150.0)
+    held = decide_pool("decode", calm, 1, 1, DECODE, RULES, saturated_memory(True),
+                       NOW - 45, NOW)  # fmt: skip
+    assert "shorter" not in held.reason, held.reason
+
+
+def test_a_step_read_just_after_new_replicas_arrive_is_not_learned() -> None:
+    # A window's mean TPOT just after replicas arrive is the smaller, saturated pool's: taken
+    # as the step at the new, smaller batch per replica it had bent the step line.
+    signals = decode(180.0, NOW, tpot_mean=0.033, p99=0.03)
+    arrived = PoolMemory(ready_at=NOW - 15)
+    decide_pool("decode", signals, 2, 2, DECODE, RULES, arrived, NOW - 600, NOW)
+    assert arrived.steps == []
+    served = PoolMemory(ready_at=NOW - RULES.window)
+    decide_pool("decode", signals, 2, 2, DECODE, RULES, served, NOW - 600, NOW)
+    assert served.steps == [(NOW, 90.0, 0.033)]
+
+
 def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothing_more() -> None:
     # Three replicas arrived 15 s ago and the queue fell from 280 to 160 since: the 450
     # sequences running are the backlog being drained, not demand that stays.

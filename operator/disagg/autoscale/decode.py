@@ -137,31 +137,58 @@ def drains_in_time(
     signals: Signals, growing: float, memory: PoolMemory, arriving: float, slots: float
 ) -> bool:
     """Whether ``slots`` decode sequences (the replicas ready and starting) drain the backlog
-    they will find within one provisioning delay: the queue grows until the starting replicas
-    serve, then each waiting request holds a slot one sequence lifetime while the
-    ``arriving`` sequences hold the rest."""
+    they will find before a replica ordered now would serve: the queue grows until the
+    starting replicas serve, then each waiting request holds a slot one sequence lifetime
+    while the ``arriving`` sequences hold the rest."""
     queue, running, rate = signals.queue or 0.0, signals.running, signals.request_rate
     if memory.starting_since is None or not running or not rate or slots <= arriving:
         return False
     until_ready = max(0.0, memory.provisioning - (signals.sampled_at - memory.starting_since))
     backlog = queue + growing * until_ready
-    return backlog * (running / rate) / (slots - arriving) <= memory.provisioning
+    drain = backlog * (running / rate) / (slots - arriving)
+    return drain <= memory.provisioning - until_ready
 
 
-def decode_sequences(signals: Signals, growing: float, backlog: bool = True) -> float:
+def sized_step(memory: PoolMemory, batch: float) -> float | None:
+    """The mean step (seconds) of a decode pool holding at most ``batch`` sequences a
+    replica: its step line there, else the slowest step it served settled; None before it
+    served any. A pool sized for its sequences steps no slower than that."""
+    line = sizing.step_line([(per_replica, step) for _, per_replica, step in memory.steps])
+    if line is not None:
+        return line[0] + line[1] * batch
+    return max((step for _, _, step in memory.steps), default=None)
+
+
+def decode_sequences(
+    signals: Signals, growing: float, backlog: bool = True, step: float | None = None
+) -> float:
     """Sequences the decode pool must hold at once (Little's law: arrivals x lifetime).
 
     A saturated pool runs what it holds and queues the rest; the queue is not all demand at
     once: what it grows by per second, plus (with ``backlog``) the backlog drained over
     DRAIN_SECONDS, each stays one sequence lifetime (running over completions per second).
-    Never more than running plus waiting: that is every sequence there is."""
+    A saturated pool batches all it can hold, so its steps (``signals.tpot_mean``) are
+    slower than those of a pool sized for its sequences (``step``), and every sequence
+    lives as many steps as it has tokens: on that pool each lives, and the running ones
+    hold, that much less. Never more than running plus waiting: that is every sequence
+    there is."""
     running, queue = signals.running or 0.0, signals.queue or 0.0
     rate = signals.request_rate
     if not queue or not rate or not running:
         return running + (queue if backlog else 0.0)
-    lifetime = running / rate
+    faster = saturated_speedup(signals, step)
+    lifetime = running / rate / faster
     drained = queue / sizing.DRAIN_SECONDS if backlog else 0.0
-    return min(running + queue, running + (growing + drained) * lifetime)
+    return min(running + queue, running / faster + (growing + drained) * lifetime)
+
+
+def saturated_speedup(signals: Signals, step: float | None) -> float:
+    """How many times faster a pool sized for its sequences steps (``step``, seconds) than a
+    saturated one does now (its mean TPOT); 1 unless it is saturated (a queue) and slower."""
+    mean = signals.tpot_mean
+    if step is None or step <= 0 or not mean or not signals.queue or mean <= step:
+        return 1.0
+    return mean / step
 
 
 def decode_batch(

@@ -19,6 +19,8 @@ from disagg.autoscale.decode import (
     decode_sequences,
     drains_in_time,
     lengthening,
+    saturated_speedup,
+    sized_step,
 )
 from disagg.autoscale.model import (
     Behavior,
@@ -58,8 +60,8 @@ class Need:
     wait_budget: float | None = None
     """Prefill: seconds the TTFT SLO leaves a prompt for waiting."""
     backlog_covered: bool = False
-    """Decode: the replicas already starting drain the backlog within one provisioning
-    delay of arriving, so a growing queue asks for nothing more."""
+    """Decode: the replicas already starting drain the backlog before a replica ordered now
+    would serve, so a growing queue asks for nothing more."""
     kept_for: str = ""
     """Decode: why ``keep`` is more than the demand's count alone asks (a smaller pool's
     slower steps), for the messages of a hold or a smaller scale-down."""
@@ -141,8 +143,17 @@ def feed_forward(
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
-    sequences = decode_sequences(signals, growing) * headroom
-    arriving = decode_sequences(signals, growing, backlog=False)
+    # The lifetimes a saturated pool shows are its slow steps': the pool ordered steps faster.
+    step = sized_step(memory, batch)
+    sequences = decode_sequences(signals, growing, step=step) * headroom
+    arriving = decode_sequences(signals, growing, backlog=False, step=step)
+    faster = saturated_speedup(signals, step)
+    slowed = ""
+    if faster > 1 and step is not None and signals.tpot_mean:
+        slowed = (
+            f", living {faster:.2f}x shorter at a {step * 1000:.0f}ms step "
+            f"than at the full pool's {signals.tpot_mean * 1000:.0f}ms"
+        )
     steady = arriving * headroom
     n = sizing.decode_replicas(sequences, batch)
     # Whether the backlog drains is a question about the coming minutes: the demand as it is
@@ -168,7 +179,7 @@ def feed_forward(
     keep, kept_for = decode_keep(sequences, batch, ready, line)
     return Need(
         n,
-        f"{sequences:.0f} sequences (x {headroom:.2f} headroom) at {batch:.0f} each "
+        f"{sequences:.0f} sequences (x {headroom:.2f} headroom{slowed}) at {batch:.0f} each "
         f"({bound}){detail}",
         keep,
         decode_keep(steady, batch, ready, line)[0],
@@ -257,7 +268,9 @@ def learn(
     policy: PoolPolicy, behavior: Behavior, memory: PoolMemory, band: float,
 ) -> None:  # fmt: skip
     """Update the prefill speeds and the decode batch from what the pool served."""
-    settled = current == ready > 0 and since > behavior.window
+    # Replicas that arrived within the window: its rates and means describe the smaller pool.
+    served = memory.ready_at is None or signals.sampled_at - memory.ready_at >= behavior.window
+    settled = current == ready > 0 and since > behavior.window and served
     if pool == "prefill":
         # The cautious speed (the better of alone and saturated) sizes what a pool keeps;
         # the batched one (counting what batching adds) sizes what it orders.

@@ -18,14 +18,15 @@ no load estimate yet. The inputs and what the policy remembers are in
   by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``; while replicas of an
   earlier scale-up are still starting, only if the ready replicas' load needs more than that
   (a decode pool orders none when the replicas ordered drain the backlog they will find
-  within one provisioning delay), and just after they arrive not for a backlog draining
+  before one ordered now would serve), and just after they arrive not for a backlog draining
   into them nor for what the queue grew by on the smaller pool before them; a decode
   pool's waiting requests that its free KV cache and sequence slots hold are passing
   through (their KV still arriving), not a backlog; a decode pool whose sequences start
   living longer (outputs getting longer: the lifetime up by half and the count rising, two
   evaluations running, by three standard deviations, while the rate holds, no queue yet)
   orders one replica as soon as that pace would outgrow it within one provisioning delay,
-  before its KV cache fills;
+  before its KV cache fills; a saturated decode pool's sequences are counted as they live on
+  a pool sized for them, whose steps are faster (its step line at the most a replica holds);
 * scale **down** in proportion, to the largest size recommended during the whole
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, once a scale-down of either pool
   was undone within 5 minutes: bursts that come back are learned, and every request passes
