@@ -518,6 +518,21 @@ def test_a_decode_backlog_draining_into_replicas_that_just_arrived_scales_nothin
     assert decision.action == "up", decision.reason
 
 
+def test_a_backlog_draining_into_the_first_of_two_starting_replicas_scales_nothing_more() -> None:
+    # Two replicas were ordered minutes apart. The first arrived just now, the second still
+    # starts; the queue fell from 620 to 527 since the last evaluation: the 308 sequences
+    # running are the backlog moving into the new replica (running jumped, completions lag
+    # by a lifetime), not demand that stays. Read as demand, they asked for five replicas.
+    memory = PoolMemory(queues=[(NOW - 15, 620.0, None)], ready_count=1,
+                        starting_since=NOW - 300)  # fmt: skip
+    before = decode(184.0, NOW - 15, queue=620.0, request_rate=6.6, kv_usage=1.0)
+    decide_pool("decode", before, 3, 1, DECODE, RULES, memory, NOW - 75, NOW - 15)
+    signals = decode(308.0, NOW, queue=527.0, request_rate=6.9, kv_usage=0.79)
+    decision = decide_pool("decode", signals, 3, 2, DECODE, RULES, memory, NOW - 75, NOW)
+    assert decision.action == "hold", decision.reason
+    assert memory.ready_at == NOW
+
+
 def test_requests_passing_through_a_decode_pool_with_room_order_no_replica() -> None:
     # A prefill step finished four prompts at once; their KV is still arriving when the
     # decode replica is sampled. It runs 44 sequences at 24% of its KV cache: it admits all

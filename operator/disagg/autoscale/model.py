@@ -129,7 +129,10 @@ class PoolMemory:
     """How long new replicas took to become ready, as last measured."""
     starting_since: float | None = None
     ready_at: float | None = None
-    """When the replicas of the last scale-up all became ready."""
+    """When replicas last became ready: all of a scale-up's, or some while others still
+    start (the pool's rates and p99 describe the smaller pool for a window after)."""
+    ready_count: int | None = None
+    """Replicas ready at the last evaluation (None before the first)."""
     queues: list[tuple[float, float, float | None]] = field(default_factory=list)
     """(time, waiting requests, running ones) of each evaluation over the last rate window
     (and always the previous one): how fast the backlog grows."""
@@ -178,10 +181,16 @@ class PoolMemory:
         self.recommendations = [e for e in self.recommendations if now - e[0] <= horizon]
 
     def track(self, now: float, demand: float | None, current: int, ready: int) -> None:
-        """Record the demand and how long starting replicas take to become ready."""
+        """Record the demand, when replicas become ready and how long starting replicas
+        take to."""
         if demand is not None:
             self.demand.append((now, demand))
             self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
+        # Replicas ordered apart arrive apart: from the first one's arrival the pool is
+        # bigger, and for a window its rates and p99 still describe the smaller one.
+        if self.ready_count is not None and ready > self.ready_count:
+            self.ready_at = now
+        self.ready_count = ready
         if current > ready and self.starting_since is None:
             self.starting_since = now
         elif current <= ready and self.starting_since is not None:

@@ -18,7 +18,7 @@ no load estimate yet. The inputs and what the policy remembers are in
   by up to ``scaleUp.maxStep`` replicas, after ``scaleUp.cooldown``; while replicas of an
   earlier scale-up are still starting, only if the ready replicas' load needs more than that
   (a decode pool orders none when the replicas ordered drain the backlog they will find
-  before one ordered now would serve), and just after they arrive not for a backlog draining
+  before one ordered now would serve), and just after any arrive not for a backlog draining
   into them nor for what the queue grew by on the smaller pool before them; a decode
   pool's waiting requests that its free KV cache and sequence slots hold are passing
   through (their KV still arriving), not a backlog; a decode pool whose sequences start
