@@ -143,7 +143,7 @@ def feed_forward(
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
-    # The lifetimes a saturated pool shows are its slow steps': the pool ordered steps faster.
+    # A saturated pool's lifetimes are those of its slow steps; the pool it orders steps faster.
     step = sized_step(memory, batch)
     sequences = decode_sequences(signals, growing, step=step) * headroom
     arriving = decode_sequences(signals, growing, backlog=False, step=step)
