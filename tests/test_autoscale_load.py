@@ -370,6 +370,27 @@ def test_a_decode_pool_does_not_shrink_onto_steps_too_slow_for_the_sequences_it_
     assert downs((75.0,)) == [(300.0, 2, 1)]
 
 
+def test_a_prefill_pool_held_within_its_slo_says_what_one_replica_fewer_would_face() -> None:
+    # 8.5 req/s of 1000-token prompts at 10k tokens/s on two replicas, the p99 a fifth of
+    # the SLO: "within SLO" alone did not say why the pool keeps two.
+    def hold(rate: float) -> str:
+        memory = PoolMemory(prefill_speed=10_000)
+        decision = decide_pool("prefill", prefill(0.4, rate), 2, 2, PREFILL, RULES, memory,
+                               NOW - 900, NOW)  # fmt: skip
+        assert decision.action == "hold", decision.reason
+        return decision.reason
+
+    assert hold(8.5).endswith(
+        "; on 1, 91% busy at 10000 tokens/s (at most 80%) and 15.6% of prompts waiting past "
+        "what the SLO leaves them at 10000 tokens/s (at most 0.5%)"
+    )
+    # Where only the wait check with one estimate error binds, it says that.
+    assert hold(6.0).endswith(
+        "; on 1, 0.504% of prompts waiting past what the SLO leaves them with one estimate "
+        "error more load (at most 0.5%)"
+    )
+
+
 def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:
     # 6 replicas drain a backlog of 600 prompts at 2 per second while 5 req/s keep arriving
     # (so engines finish 7 req/s); then the queue is empty. 5 req/s of 1000-token prompts at

@@ -85,6 +85,36 @@ def prefill_floor(
     return max(sizing.prefill_replicas(arrivals, longer, budgets, limit), busy)
 
 
+def one_fewer(
+    fewer: int, arrival_rate: float, prompt: float, speeds: tuple[float, float],
+    budgets: sizing.Budgets, events: float, spread: float,
+) -> str:  # fmt: skip
+    """What ``fewer`` prefill replicas would face, in the terms of the rules that keep them
+    (``speeds``: the cautious one prefill_floor keeps a pool on, and what a busy replica
+    computes, which orders): for a hold that would otherwise say only that the pool is
+    within its SLO. Empty when neither binds."""
+    cautious, busy_speed = speeds
+    longer = prompt / cautious * (1 + math.sqrt(spread / max(1.0, events)))
+    said = []
+    busy = arrival_rate * longer / fewer
+    if busy > DOWN_HEADROOM:
+        said.append(f"{busy:.0%} busy at {cautious:.0f} tokens/s (at most {DOWN_HEADROOM:.0%})")
+    reachable = sum(share for share, _ in budgets) or 1.0
+    waits = (
+        (arrival_rate * prompt / busy_speed, prompt / busy_speed, f"at {busy_speed:.0f} tokens/s"),
+        (arrival_rate * sizing.noise(events) * longer, longer, "with one estimate error more load"),
+    )
+    for work, each, how in waits:
+        late = 1.0 if work >= fewer else sizing.late_share(fewer, work, each, budgets) / reachable
+        if late > sizing.WAIT_TARGET:
+            said.append(
+                f"{late * 100:.3g}% of prompts waiting past what the SLO leaves them {how} "
+                f"(at most {sizing.WAIT_TARGET:.1%})"
+            )
+            break
+    return f"; on {fewer}, {' and '.join(said)}" if said else ""
+
+
 def feed_forward(
     pool: PoolName, signals: Signals, policy: PoolPolicy, memory: PoolMemory, growing: float,
     ready: int, ordered: int, behavior_window: float,
@@ -139,7 +169,12 @@ def feed_forward(
             f"{mean_prompt:.0f}-token prompts at {speeds} tokens/s per replica, "
             f"most may wait {typical:.2f}s"
         )
-        return Need(n, why, keep, sustained, service, typical)
+        kept_for = ""
+        if min(ordered, ready) > max(1, policy.min_replicas) and max(n, keep) >= ordered:
+            kept_for = one_fewer(
+                ordered - 1, arrivals, mean_prompt, (speed, batched), budgets, events, sizes
+            )
+        return Need(n, why, keep, sustained, service, typical, kept_for=kept_for)
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:
         return None  # sequences unknown: the gauges and latency decide
