@@ -78,11 +78,17 @@ def prefill_floor(
     mean size by sqrt(spread/events); the mean size sets how long each prompt waits behind
     another as well as the load, so its error is taken on the service time, not the rate
     (a window that happened to see short prompts had shrunk a pool the next one grew back)."""
-    longer = service * (1 + math.sqrt(spread / max(1.0, events)))
+    longer = one_error_longer(service, events, spread)
     erlangs = arrival_rate * longer
     busy = math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
     arrivals = arrival_rate * sizing.noise(events)
     return max(sizing.prefill_replicas(arrivals, longer, budgets, limit), busy)
+
+
+def one_error_longer(service: float, events: float, spread: float) -> float:
+    """A prompt's service time with one error of the mean prompt size read from ``events``
+    prompts whose sizes have squared coefficient of variation ``spread``."""
+    return service * (1 + math.sqrt(spread / max(1.0, events)))
 
 
 def one_fewer(
@@ -94,7 +100,7 @@ def one_fewer(
     computes, which orders): for a hold that would otherwise say only that the pool is
     within its SLO. Empty when neither binds."""
     cautious, busy_speed = speeds
-    longer = prompt / cautious * (1 + math.sqrt(spread / max(1.0, events)))
+    longer = one_error_longer(prompt / cautious, events, spread)
     said = []
     busy = arrival_rate * longer / fewer
     if busy > DOWN_HEADROOM:
@@ -105,7 +111,10 @@ def one_fewer(
         (arrival_rate * sizing.noise(events) * longer, longer, "with one estimate error more load"),
     )
     for work, each, how in waits:
-        late = 1.0 if work >= fewer else sizing.late_share(fewer, work, each, budgets) / reachable
+        if work >= fewer:
+            said.append(f"more work than {fewer} serve {how}")
+            break
+        late = sizing.late_share(fewer, work, each, budgets) / reachable
         if late > sizing.WAIT_TARGET:
             said.append(
                 f"{late * 100:.3g}% of prompts waiting past what the SLO leaves them {how} "
