@@ -160,23 +160,22 @@ def sized_step(memory: PoolMemory, batch: float) -> float | None:
 
 
 def decode_sequences(
-    signals: Signals, growing: float, backlog: bool = True, step: float | None = None
+    signals: Signals, growing: float, backlog: bool = True, faster: float = 1.0
 ) -> float:
     """Sequences the decode pool must hold at once (Little's law: arrivals x lifetime).
 
     A saturated pool runs what it holds and queues the rest; the queue is not all demand at
     once: what it grows by per second, plus (with ``backlog``) the backlog drained over
     DRAIN_SECONDS, each stays one sequence lifetime (running over completions per second).
-    A saturated pool batches all it can hold, so its steps (``signals.tpot_mean``) are
-    slower than those of a pool sized for its sequences (``step``), and every sequence
-    lives as many steps as it has tokens: on that pool each lives, and the running ones
-    hold, that much less. Never more than running plus waiting: that is every sequence
+    A saturated pool batches all it can hold, so its steps are slower than those of a pool
+    sized for its sequences (``faster`` times: saturated_speedup), and every sequence lives
+    as many steps as it has tokens: on that pool each lives, and the running ones hold,
+    that much less. Never more than running plus waiting: that is every sequence
     there is."""
     running, queue = signals.running or 0.0, signals.queue or 0.0
     rate = signals.request_rate
     if not queue or not rate or not running:
         return running + (queue if backlog else 0.0)
-    faster = saturated_speedup(signals, step)
     lifetime = running / rate / faster
     drained = queue / sizing.DRAIN_SECONDS if backlog else 0.0
     return min(running + queue, running / faster + (growing + drained) * lifetime)

@@ -189,9 +189,9 @@ def feed_forward(
         return None  # sequences unknown: the gauges and latency decide
     # A saturated pool's lifetimes are those of its slow steps; the pool it orders steps faster.
     step = sized_step(memory, batch)
-    sequences = decode_sequences(signals, growing, step=step) * headroom
-    arriving = decode_sequences(signals, growing, backlog=False, step=step)
     faster = saturated_speedup(signals, step)
+    sequences = decode_sequences(signals, growing, faster=faster) * headroom
+    arriving = decode_sequences(signals, growing, backlog=False, faster=faster)
     slowed = ""
     if faster > 1 and step is not None and signals.tpot_mean:
         slowed = (
@@ -313,8 +313,8 @@ def learn(
 ) -> None:  # fmt: skip
     """Update the prefill speeds and the decode batch from what the pool served."""
     # Replicas that arrived within the window: its rates and means describe the smaller pool.
-    served = memory.ready_at is None or signals.sampled_at - memory.ready_at >= behavior.window
-    settled = current == ready > 0 and since > behavior.window and served
+    arrived = memory.arrived_within(signals.sampled_at, behavior.window)
+    settled = current == ready > 0 and since > behavior.window and not arrived
     if pool == "prefill":
         # The cautious speed (the better of alone and saturated) sizes what a pool keeps;
         # the batched one (counting what batching adds) sizes what it orders.

@@ -198,6 +198,11 @@ class PoolMemory:
             self.starting_since = None
             self.ready_at = now
 
+    def arrived_within(self, now: float, window: float) -> bool:
+        """Whether replicas became ready within ``window`` of ``now``: the pool's rates and
+        p99 still describe the smaller pool before them."""
+        return self.ready_at is not None and now - self.ready_at < window
+
     def note_lifetime(self, now: float, running: float | None, rate: float | None) -> None:
         """Record how long a decode pool's sequences live (Little's law: running over
         completions per second); nothing without both."""

@@ -202,7 +202,7 @@ def decide_pool(
     # For one window after a scale-up's replicas arrive, the p99 still describes the smaller
     # pool, and the backlog it left drains: scaling again on them would scale twice for one
     # load (a backlog that still grows counts).
-    fresh = memory.ready_at is not None and now - memory.ready_at < behavior.window
+    fresh = memory.arrived_within(now, behavior.window)
     need = (
         None
         if idle
