@@ -615,3 +615,33 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     swings = [(40.0, 10.0, 0.15), (40.0, 10.0, 0.15), (90.0, 10.0, 0.36), (90.0, 10.0, 0.36)]
     bursty = watch_decode(swings * 5 + [(40, 10.0, 0.15), (55, 10.0, 0.21), (90, 9.5, 0.36)])
     assert all(r.startswith("hold") for r in bursty), bursty
+
+
+def decode_after(samples: list[tuple[float, float]], replicas: int) -> str:
+    """The last decision of a decode pool of ``replicas`` over (running, completions/s)
+    samples 15 s apart, its KV cache holding 250 sequences a replica, nothing waiting."""
+    memory, decision = PoolMemory(), None
+    for step, (running, rate) in enumerate(samples):
+        t = NOW + 15 * step
+        signals = decode(running, t, request_rate=rate, kv_usage=running / (250 * replicas))
+        decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
+                               None, t)  # fmt: skip
+    assert decision is not None
+    return f"{decision.action} {decision.desired}: {decision.reason}"
+
+
+def test_the_decode_headroom_follows_arrivals_not_lifetimes_that_rise() -> None:
+    # Over four minutes two replicas come to hold 400 sequences, from 150, at a steady 10
+    # finished a second: each lives 40 s, from 15 s. A count that rises like this stops once
+    # the lifetimes stop; extrapolated a provisioning delay ahead it read 1.37x, 546
+    # sequences, and ordered a third replica of 212. The arrivals (finished plus the held
+    # count's rise) are flat: 400 sequences with the rate's noise fit the two.
+    longer = [(150 + 250 * i / 16, 10.0) for i in range(17)]
+    held = decode_after(longer, 2)
+    assert held.startswith("hold 2"), held
+    # The same count from arrivals rising from 3.75 to 10 a second, each living 40 s: that
+    # is a trend, and the headroom still orders for it.
+    more = [(150 + 250 * i / 16, (150 + 250 * i / 16) / 40) for i in range(17)]
+    grown = decode_after(more, 2)
+    assert grown.startswith("up 3"), grown
+    assert "headroom" in grown and "x 1.0" not in grown, grown

@@ -137,7 +137,13 @@ def feed_forward(
     # the request count (the prefill-time histogram gives their spread).
     sizes = sizing.spread(signals.prefill_buckets) if pool == "prefill" else 0.0
     events = rate * behavior_window
-    headroom = sizing.headroom(memory.demand, memory.provisioning, events, sizes)
+    # A decode pool's count is arrivals times lifetimes, and only arrivals make a trend: a
+    # lifetime that rises (longer outputs, a saturated pool's slower steps, a backlog it
+    # holds) stops rising on its own, and longer outputs have a rule of their own
+    # (lengthening). Extrapolated, the count's rise after an output shift ordered a decode
+    # replica that arrived after two had drained the backlog.
+    rising = memory.demand if pool == "prefill" else memory.arrivals
+    headroom = sizing.headroom(rising, memory.provisioning, events, sizes)
     if pool == "prefill":
         speed = memory.prefill_speed
         if (
@@ -342,12 +348,13 @@ def learn(
 def pool_demand(
     pool: PoolName, signals: Signals, growing: float, window_change: float
 ) -> float | None:
-    """What a pool's headroom trend follows: prompt tokens per second reaching a prefill pool
-    (a wave of long prompts moves it at a constant request rate), sequences a decode pool
-    holds. Prompts reaching the pool are those its engines finished over the rate window
-    plus what the queue grew by in the same window (``window_change``, requests per second):
-    the engines' count alone rises while a backlog drains, and a trend fitted to that would
-    extrapolate the drain."""
+    """What a pool is asked for: prompt tokens per second reaching a prefill pool (its
+    headroom trend follows them: a wave of long prompts moves them at a constant request
+    rate), sequences a decode pool holds (its count's swing and a burst's end are read from
+    them; its headroom trend follows arrivals). Prompts reaching the pool are those its
+    engines finished over the rate window plus what the queue grew by in the same window
+    (``window_change``, requests per second): the engines' count alone rises while a backlog
+    drains, and a trend fitted to that would extrapolate the drain."""
     if pool == "decode":
         return None if signals.running is None else decode_sequences(signals, growing)
     rate, tokens = signals.request_rate, signals.prompt_tokens_rate

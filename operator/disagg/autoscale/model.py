@@ -22,7 +22,7 @@ ScaledPool = Literal["prefill", "decode", "engine"]
 FLAP_SECONDS: Final = 300.0
 MAX_DOWN_WINDOW_FACTOR: Final = 4
 HISTORY: Final = 1800.0
-"""Seconds of demand history kept for the headroom trend."""
+"""Seconds of demand history kept (the prefill headroom trend reads it)."""
 LIFETIME_SAMPLES: Final = 3
 """Decode lifetimes kept: a rise over two evaluations in a row is a trend, one is noise."""
 DEFAULT_PROVISIONING: Final = 120.0
@@ -111,8 +111,9 @@ class PoolMemory:
     backlog asked for. A backlog is drained once, it is not load that comes back, so the
     scale-down look-back reads the sustained one."""
     demand: list[tuple[float, float]] = field(default_factory=list)
-    """(time, demand): requests/s reaching a prefill pool, sequences held by a decode pool;
-    how fast it moves over one provisioning delay sets the headroom."""
+    """(time, demand): prompt tokens/s reaching a prefill pool, whose rise over one
+    provisioning delay sets its headroom; sequences held by a decode pool, whose swing tells
+    a burst from longer outputs and whose fall a burst's end."""
     batch: float | None = None
     """Decode: sequences per replica at the TPOT SLO, learned from what the pool served."""
     prefill_speed: float | None = None
@@ -170,7 +171,7 @@ class PoolMemory:
     arrivals: list[tuple[float, float]] = field(default_factory=list)
     """(time, requests per second reaching the pool) of the evaluations of the last two
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
-    over both a trend (no scale-down while it lasts)."""
+    over both a trend (no scale-down while it lasts; a decode pool's headroom)."""
 
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None
