@@ -574,14 +574,15 @@ def test_requests_passing_through_a_decode_pool_with_room_order_no_replica() -> 
     assert decision.action == "up", decision.reason
 
 
-def watch_decode(samples: list[tuple[float, float, float]]) -> list[str]:
-    """Decisions of a one-replica decode pool over (running, completions/s, KV usage) samples
-    15 s apart, none of them queueing yet."""
+def watch_decode(samples: list[tuple[float, float, float]], replicas: int = 1) -> list[str]:
+    """Decisions of a decode pool of ``replicas`` over (running, completions/s, KV usage)
+    samples 15 s apart, none of them queueing yet."""
     memory, reasons = PoolMemory(), []
     for step, (running, rate, kv) in enumerate(samples):
         t = NOW + 15 * step
         signals = decode(running, t, request_rate=rate, kv_usage=kv)
-        decision = decide_pool("decode", signals, 1, 1, DECODE, RULES, memory, None, t)
+        decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
+                               None, t)  # fmt: skip
         reasons.append(f"{decision.action} {decision.desired}: {decision.reason}")
     return reasons
 
@@ -617,31 +618,22 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     assert all(r.startswith("hold") for r in bursty), bursty
 
 
-def decode_after(samples: list[tuple[float, float]], replicas: int) -> str:
-    """The last decision of a decode pool of ``replicas`` over (running, completions/s)
-    samples 15 s apart, its KV cache holding 250 sequences a replica, nothing waiting."""
-    memory, decision = PoolMemory(), None
-    for step, (running, rate) in enumerate(samples):
-        t = NOW + 15 * step
-        signals = decode(running, t, request_rate=rate, kv_usage=running / (250 * replicas))
-        decision = decide_pool("decode", signals, replicas, replicas, DECODE, RULES, memory,
-                               None, t)  # fmt: skip
-    assert decision is not None
-    return f"{decision.action} {decision.desired}: {decision.reason}"
-
-
 def test_the_decode_headroom_follows_arrivals_not_lifetimes_that_rise() -> None:
+    def decode_after(samples: list[tuple[float, float]]) -> str:
+        # Two replicas whose KV cache holds 250 sequences each: the last decision.
+        return watch_decode([(n, rate, n / 500) for n, rate in samples], replicas=2)[-1]
+
     # Over four minutes two replicas come to hold 400 sequences, from 150, at a steady 10
     # finished a second: each lives 40 s, from 15 s. A count that rises like this stops once
     # the lifetimes stop; extrapolated a provisioning delay ahead it read 1.37x, 546
     # sequences, and ordered a third replica of 212. The arrivals (finished plus the held
     # count's rise) are flat: 400 sequences with the rate's noise fit the two.
     longer = [(150 + 250 * i / 16, 10.0) for i in range(17)]
-    held = decode_after(longer, 2)
+    held = decode_after(longer)
     assert held.startswith("hold 2"), held
     # The same count from arrivals rising from 3.75 to 10 a second, each living 40 s: that
     # is a trend, and the headroom still orders for it.
     more = [(150 + 250 * i / 16, (150 + 250 * i / 16) / 40) for i in range(17)]
-    grown = decode_after(more, 2)
+    grown = decode_after(more)
     assert grown.startswith("up 3"), grown
     assert "headroom" in grown and "x 1.0" not in grown, grown
