@@ -105,6 +105,7 @@ def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:
         "policy": name,
         "attainment": both,
         "gpuHours": result.gpu_seconds / 3600,
+        "gpuHoursByPool": {pool: gpus / 3600 for pool, gpus in result.pool_gpu_seconds.items()},
         "ttftP99": ttft,
         "tpotP99": tpot,
         "actions": result.scaling_actions,
@@ -238,10 +239,17 @@ def print_entry(entry: dict[str, Any]) -> None:
             f"{r['gpuHours']:7.2f} {r['xOracle']:7.2f}x {r['xStatic']:7.2f}x "
             f"{r['goodputPerGpuHour']:10.0f} {r['actions']:8d} {r['flaps']:6d}"
         )
+    shown = [r for r in entry["rows"] if r["policy"].startswith(("ours", "oracle", "best static"))]
+    print("  GPU-hours by pool: " + "; ".join(_by_pool(r) for r in shown))
     failed = [name for name, ok in entry["checks"].items() if not ok]
     print("  targets: " + ("all met" if not failed else "MISSED " + "; ".join(failed)))
     for name, ok in entry["matched"].items():
         print(f"  also: {name}: {'yes' if ok else 'no'}")
+
+
+def _by_pool(row: dict[str, Any]) -> str:
+    pools = ", ".join(f"{pool} {hours:.2f}" for pool, hours in row["gpuHoursByPool"].items())
+    return f"{row['policy'].split(' (')[0]} {pools}"
 
 
 def main() -> int:

@@ -260,3 +260,24 @@ def test_simulate_cli_writes_a_summary_and_a_plot(
     err = capsys.readouterr().err
     assert "--offload-max-tokens must be >= 0" in err
     assert "--offload-wait-fraction must be a positive finite number" in err
+
+
+def test_the_summary_says_which_pool_the_gpu_hours_went_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from disagg.cli import main
+
+    out = tmp_path / "run"
+    argv = ["simulate", "--rate", "2", "--duration", "600", "--policy", "static",
+            "--prefill-replicas", "3", "--prefill-tp", "1", "--decode-replicas", "1",
+            "--decode-tp", "2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    hours = summary["durationSeconds"] / 3600
+    # Three one-GPU prefill replicas against one two-GPU decode replica, for the whole run.
+    by_pool = summary["gpuHoursByPool"]
+    assert by_pool["prefill"] == pytest.approx(3 * hours, rel=1e-3)
+    assert by_pool["decode"] == pytest.approx(2 * hours, rel=1e-3)
+    assert by_pool["prefill"] + by_pool["decode"] == pytest.approx(summary["gpuHours"], abs=2e-3)
+    printed = capsys.readouterr().out
+    assert f"prefill {by_pool['prefill']:.2f}, decode {by_pool['decode']:.2f}" in printed

@@ -341,7 +341,7 @@ class Fleet:
             self.now, _, action = heapq.heappop(self._events)
             action()
         duration = max(self.now, requests[-1].arrival if requests else 0.0)
-        gpu_seconds = 0.0
+        by_pool: dict[str, float] = {}
         for engine in self.engines:
             gpus = self._shape(engine.pool).tp
             created = (
@@ -350,9 +350,12 @@ class Fleet:
                 else 0.0
             )
             gone = engine.removed_at if engine.removed_at is not None else duration
-            gpu_seconds += max(0.0, gone - created) * gpus
+            by_pool[engine.pool] = by_pool.get(engine.pool, 0.0) + max(0.0, gone - created) * gpus
         ordered = [self.outcomes[i] for i in sorted(self.outcomes)]
-        return Result(ordered, duration, gpu_seconds, self.actions, self.timeline, self.scaling_log)
+        return Result(
+            ordered, duration, sum(by_pool.values()), self.actions, self.timeline,
+            self.scaling_log, by_pool,
+        )  # fmt: skip
 
 
 def _transfer(shape: EngineShape, tokens: int, network: NetworkProfile) -> float:

@@ -58,6 +58,8 @@ class Result:
     timeline: list[dict[str, float]]
     scaling_log: list[tuple[float, str, int, int]] = field(default_factory=list)
     """Every resize: (time, pool, replicas before, replicas after)."""
+    pool_gpu_seconds: dict[str, float] = field(default_factory=dict)
+    """gpu_seconds by pool: which pool's size the GPU-hours went to."""
 
     def attainment(
         self, ttft_slo: float, tpot_slo: float, start: int = 0

@@ -215,6 +215,9 @@ def summarize(scenario: Scenario, result: Result, bucket: float = 60.0) -> Summa
         "rejected": sum(1 for o in outcomes if o.rejected),
         "durationSeconds": round(result.duration, 1),
         "gpuHours": round(result.gpu_seconds / 3600, 3),
+        "gpuHoursByPool": {
+            pool: round(seconds / 3600, 3) for pool, seconds in result.pool_gpu_seconds.items()
+        },
         "meanGpus": round(gpus, 2),
         "scalingActions": result.scaling_actions,
         "attainment": {"ttft": ttft_att, "tpot": tpot_att, "both": both},

@@ -221,6 +221,7 @@ def table(values: dict[str, Any]) -> str:
     def ms(group: dict[str, float | None]) -> str:
         return " / ".join("-" if v is None else f"{v * 1000:.0f}" for v in group.values())
 
+    by_pool = ", ".join(f"{pool} {hours:.2f}" for pool, hours in values["gpuHoursByPool"].items())
     rows = [
         ("deployment", f"{s['mode']}, {pools}, {s['model']} on {s['gpu']}, {s['network']}"),
         ("traffic", _traffic_row(s)),
@@ -230,7 +231,7 @@ def table(values: dict[str, Any]) -> str:
         ("goodput", f"{values['goodput']:.2f} req/s, {values['goodputPerGpu']:.3f} per GPU"),
         ("TTFT p50/p90/p99", ms(values["ttft"]) + " ms"),
         ("TPOT p50/p90/p99", ms(values["tpot"]) + " ms"),
-        ("GPU-hours", f"{values['gpuHours']:.2f} (mean {values['meanGpus']:.1f} GPUs)"),
+        ("GPU-hours", f"{values['gpuHours']:.2f} (mean {values['meanGpus']:.1f} GPUs): {by_pool}"),
         ("scaling actions", str(values["scalingActions"])),
         ("peak replicas", ", ".join(f"{k} {v}" for k, v in values["peakReplicas"].items())),
         ("simulated in", f"{values['cpuSeconds']:.1f} CPU seconds"),
