@@ -268,15 +268,15 @@ def main() -> int:
     parser.add_argument("--tpot", type=float, default=0.05, help="with --trace: TPOT SLO, s")
     args = parser.parse_args()
     if args.seeds < 1:
-        return _error("--seeds must be at least 1")
+        return usage_error("--seeds must be at least 1")
     work: list[tuple[str, str, Scenario, list[Request]]] = []
     if args.trace is not None:
         try:
             requests = load_trace(args.trace)
         except (ValueError, OSError) as error:
-            return _error(str(error))
+            return usage_error(str(error))
         if len(requests) < 2 or requests[-1].arrival <= 0:
-            return _error(f"{args.trace}: needs at least two requests at different times")
+            return usage_error(f"{args.trace}: needs at least two requests at different times")
         scenario = Scenario(
             model=args.model, gpu=args.gpu, network=args.network, prefill_tp=args.prefill_tp,
             decode_tp=args.decode_tp, max_replicas=args.max_replicas, ttft=args.ttft,
@@ -294,7 +294,9 @@ def main() -> int:
         known = sorted({name.split("/")[0] for name, *_ in work})
         unknown = [o for o in args.only if o not in known]
         if unknown:
-            return _error(f"--only {', '.join(unknown)}: not a scenario; known: {', '.join(known)}")
+            return usage_error(
+                f"--only {', '.join(unknown)}: not a scenario; known: {', '.join(known)}"
+            )
         work = [w for w in work if w[0].split("/")[0] in args.only]
     work = [
         (name, kind, dataclasses.replace(scenario, provisioning_delay=args.provisioning_delay), r)
@@ -307,7 +309,7 @@ def main() -> int:
         except KeyError as error:
             problems.append(str(error.args[0]))
         if problems:
-            return _error("; ".join(problems))
+            return usage_error("; ".join(problems))
     report = []
     with ProcessPoolExecutor(max_workers=2) as executor:
         for name, kind, scenario, requests in work:
@@ -324,7 +326,8 @@ def main() -> int:
     return 0
 
 
-def _error(message: str) -> int:
+def usage_error(message: str) -> int:
+    """Say what is wrong with the command line; the exit code for it."""
     print(f"error: {message}", file=sys.stderr)
     return 2
 

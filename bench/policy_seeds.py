@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import traces
-from autoscaler_compare import COMPARE, TRACE_KINDS, run_policy
+from autoscaler_compare import COMPARE, TRACE_KINDS, run_policy, usage_error
 
 from disagg.sim.scenario import Scenario, requests_for
 from disagg.sim.traffic import Request
@@ -160,16 +160,18 @@ def main() -> int:
     args = parser.parse_args()
     delays = args.delay or [120.0]
     if any(not 0 < d < 86_400 for d in delays):
-        return _error("--delay must be over 0 and under a day")
+        return usage_error("--delay must be over 0 and under a day")
     if args.workers < 1 or not args.seeds:
-        return _error("--workers and --seeds need at least one")
+        return usage_error("--workers and --seeds need at least one")
     known = list(dict.fromkeys([*COMPARE, *TRACE_KINDS]))
     unknown = [o for o in args.only or [] if o not in known]
     if unknown:
-        return _error(f"--only {', '.join(unknown)}: not a scenario; known: {', '.join(known)}")
+        return usage_error(
+            f"--only {', '.join(unknown)}: not a scenario; known: {', '.join(known)}"
+        )
     saved = load_saved(args.against, delays) if args.against else None
     if isinstance(saved, str):
-        return _error(saved)
+        return usage_error(saved)
     result = run(scenarios(args.seeds, args.only or []), delays, args.workers)
     if args.out:
         args.out.write_text(json.dumps({"seeds": args.seeds, "delays": result}, indent=1))
@@ -177,11 +179,6 @@ def main() -> int:
         print(f"\nprovisioning delay {key} s")
         print("\n".join(summary(rows) if saved is None else moved(saved[key], rows)))
     return 0
-
-
-def _error(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":
