@@ -15,7 +15,7 @@ the change, then compare:
 Per delay, it prints every row that moved (attainment, GPU-hours, flaps) and the totals.
 Without --against it prints each trace kind's mean attainment, its GPU-hours and its flaps.
 The traces come from this tree's bench/traces.py, so both runs see the same requests. Each
-delay takes two to four minutes on two cores.
+delay takes about a minute on two idle cores.
 """
 
 from __future__ import annotations
@@ -144,6 +144,17 @@ def load_saved(path: Path, delays: Sequence[float]) -> Run | str:
             f"--against {path}: no run at {', '.join(missing)} s "
             f"(it has {', '.join(runs) or 'none'})"
         )
+    for key in map(_key, delays):
+        rows = runs[key]
+        if not isinstance(rows, dict):
+            return f"--against {path}: the run at {key} s is not an object of rows"
+        for name, row in rows.items():
+            fields = ("attainment", "gpuHours", "flaps")
+            if not isinstance(row, dict) or not all(
+                isinstance(row.get(f), (int, float)) and not isinstance(row.get(f), bool)
+                for f in fields
+            ):
+                return f"--against {path}: row {name!r} at {key} s needs numbers for {fields}"
     return {key: runs[key] for key in map(_key, delays)}
 
 
