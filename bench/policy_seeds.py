@@ -12,7 +12,8 @@ the change, then compare:
     .venv/bin/python bench/policy_seeds.py --delay 60 --delay 120 --delay 300 \\
         --against /tmp/base.json
 
-Per delay, it prints every row that moved (attainment, GPU-hours, flaps) and the totals.
+Per delay, it prints every row that moved (attainment, GPU-hours, flaps), the totals, and
+the GPU-hours of each pool (when both runs have the split).
 Without --against it prints each trace kind's mean attainment, its GPU-hours and its flaps.
 The traces come from this tree's bench/traces.py, so both runs see the same requests. Each
 delay takes about a minute on two idle cores.
@@ -110,7 +111,28 @@ def moved(before: dict[str, Row], after: dict[str, Row]) -> list[str]:
         f"{mean[1]:.2%}; GPU-hours {hours[0]:.2f} -> {hours[1]:.2f} "
         f"({hours[1] / hours[0] - 1:+.2%}); flaps {flaps[0]} -> {flaps[1]}"
     )
+    split = [pool_hours([rows[n] for n in common]) for rows in (before, after)]
+    if split[0] and split[0].keys() == split[1].keys():
+        lines.append(
+            "  by pool: "
+            + ", ".join(f"{pool} {split[0][pool]:.2f} -> {split[1][pool]:.2f}" for pool in split[1])
+        )
     return lines
+
+
+def pool_hours(rows: Sequence[Row]) -> dict[str, float]:
+    """GPU-hours summed per pool; empty when a row has no split (a run saved before the
+    simulator kept one)."""
+    total: dict[str, float] = {}
+    for row in rows:
+        by_pool = row.get("gpuHoursByPool")
+        if not isinstance(by_pool, dict):
+            return {}
+        for pool, hours in by_pool.items():
+            if not isinstance(hours, (int, float)) or isinstance(hours, bool):
+                return {}
+            total[pool] = total.get(pool, 0.0) + hours
+    return total
 
 
 def summary(rows: dict[str, Row]) -> list[str]:
