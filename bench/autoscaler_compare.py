@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,17 @@ def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:
         "actions": result.scaling_actions,
         "flaps": flaps(result.scaling_log),
     }
+
+
+def scenarios(seeds: Iterable[int]) -> list[tuple[str, str, Scenario, list[Request]]]:
+    """(name, kind, scenario, requests) of the compare scenarios and of every trace kind at
+    every seed ("chat-wave/seed 101")."""
+    work = [(name, kind, s, requests_for(s)) for name, (kind, s) in COMPARE.items()]
+    for kind_name, kind in TRACE_KINDS.items():
+        for seed in seeds:
+            scenario, requests = traces.GENERATORS[kind_name](seed)
+            work.append((f"{kind_name}/seed {seed}", kind, scenario, requests))
+    return work
 
 
 def run_policy(scenario: Scenario, requests: list[Request], policy: str) -> dict[str, Any]:
@@ -284,12 +296,7 @@ def main() -> int:
         )  # fmt: skip
         work.append((args.trace.name, "trace", scenario, requests))
     else:
-        for name, (kind, scenario) in COMPARE.items():
-            work.append((name, kind, scenario, requests_for(scenario)))
-        for kind_name, kind in TRACE_KINDS.items():
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                scenario, requests = traces.GENERATORS[kind_name](seed)
-                work.append((f"{kind_name}/seed {seed}", kind, scenario, requests))
+        work = scenarios(range(args.first_seed, args.first_seed + args.seeds))
     if args.only:
         known = sorted({name.split("/")[0] for name, *_ in work})
         unknown = [o for o in args.only if o not in known]

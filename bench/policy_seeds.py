@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import traces
 from autoscaler_compare import COMPARE, TRACE_KINDS, run_policy, usage_error
+from autoscaler_compare import scenarios as compare_scenarios
 
-from disagg.sim.scenario import Scenario, requests_for
+from disagg.sim.scenario import Scenario
 from disagg.sim.traffic import Request
 
 SEEDS = tuple(hundred + n for hundred in (100, 200, 300, 400, 500) for n in (1, 2, 3))
@@ -46,14 +46,9 @@ Run = dict[str, dict[str, Row]]
 def scenarios(
     seeds: Sequence[int], only: Sequence[str]
 ) -> list[tuple[str, Scenario, list[Request]]]:
-    """The compare scenarios and every trace kind at every seed, named as
-    autoscaler_compare.py names them ("chat-wave/seed 101")."""
-    work = [(name, scenario, requests_for(scenario)) for name, (_, scenario) in COMPARE.items()]
-    for kind in TRACE_KINDS:
-        for seed in seeds:
-            scenario, requests = traces.GENERATORS[kind](seed)
-            work.append((f"{kind}/seed {seed}", scenario, requests))
-    return [w for w in work if not only or w[0].split("/")[0] in only]
+    """The compare bench's scenarios at these seeds, those named in ``only`` (all without)."""
+    work = compare_scenarios(seeds)
+    return [(name, s, r) for name, _, s, r in work if not only or name.split("/")[0] in only]
 
 
 def _ours(scenario: Scenario, requests: list[Request], delay: float) -> Row:
@@ -129,10 +124,14 @@ def pool_hours(rows: Sequence[Row]) -> dict[str, float]:
         if not isinstance(by_pool, dict):
             return {}
         for pool, hours in by_pool.items():
-            if not isinstance(hours, (int, float)) or isinstance(hours, bool):
+            if not _is_number(hours):
                 return {}
             total[pool] = total.get(pool, 0.0) + hours
     return total
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def summary(rows: dict[str, Row]) -> list[str]:
@@ -172,10 +171,7 @@ def load_saved(path: Path, delays: Sequence[float]) -> Run | str:
             return f"--against {path}: the run at {key} s is not an object of rows"
         for name, row in rows.items():
             fields = ("attainment", "gpuHours", "flaps")
-            if not isinstance(row, dict) or not all(
-                isinstance(row.get(f), (int, float)) and not isinstance(row.get(f), bool)
-                for f in fields
-            ):
+            if not isinstance(row, dict) or not all(_is_number(row.get(f)) for f in fields):
                 return f"--against {path}: row {name!r} at {key} s needs numbers for {fields}"
     return {key: runs[key] for key in map(_key, delays)}
 
