@@ -1,0 +1,111 @@
+"""Trace shapes the SLO policy was not written against, for checking it on new traffic.
+
+bench/traces.py holds the four kinds the policy is judged on seed after seed. These are
+other shapes users bring, kept apart so that no rule is tuned on them:
+
+* ``ramp-stop``: 70B chat at TP4 ramping from 1 to 12 req/s over 30 minutes, holding five,
+  then no traffic for ten minutes, then 3 req/s;
+* ``agentic``: 8B with prompts of about 4k tokens and outputs of about 1k, a 2-6 req/s
+  sinusoid with bursty (Gamma, CV 2) arrivals;
+* ``periodic``: 8B chat at 14 req/s with a 2-minute burst to 40 req/s every ten minutes,
+  the first five minutes in;
+* ``low-rate``: 70B long context at TP8, 0.15 req/s.
+
+``python bench/other_traces.py KIND SEED OUT.csv`` writes one and prints the
+``autoscaler_compare.py --trace`` flags for its deployment.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from traces import _arrivals, _lognormal, write_csv
+
+from disagg.sim.traffic import Request
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a trace is served by: the flags autoscaler_compare.py --trace takes."""
+
+    model: str
+    tp: int
+    ttft: float
+    tpot: float
+
+    def flags(self) -> str:
+        return (
+            f"--model {self.model} --prefill-tp {self.tp} --decode-tp {self.tp} "
+            f"--ttft {self.ttft:g} --tpot {self.tpot:g}"
+        )
+
+
+def ramp_stop(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        if t < 1800:
+            return 1 + 11 * t / 1800
+        if t < 2100:
+            return 12.0
+        return 0.0 if t < 2700 else 3.0
+
+    return [
+        Request(t, _lognormal(rng, 6.8, 0.9, 16, 12000), _lognormal(rng, 5.0, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 12.0, HOUR, 1.0)
+    ]
+
+
+def agentic(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return 4 + 2 * math.sin(2 * math.pi * t / HOUR - math.pi / 2)
+
+    return [
+        Request(t, _lognormal(rng, 8.0, 0.8, 256, 32000), _lognormal(rng, 6.5, 0.9, 16, 8000))
+        for t in _arrivals(rng, rate, 6.0, HOUR, 2.0)
+    ]
+
+
+def periodic(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return 40.0 if 300 <= t % 600 < 420 else 14.0
+
+    return [
+        Request(t, _lognormal(rng, 6.5, 1.0, 16, 16000), _lognormal(rng, 5.3, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 40.0, HOUR, 1.0)
+    ]
+
+
+def low_rate(rng: random.Random) -> list[Request]:
+    return [
+        Request(t, _lognormal(rng, 8.3, 0.6, 256, 30000), _lognormal(rng, 5.5, 0.7, 1, 2000))
+        for t in _arrivals(rng, lambda _: 0.15, 0.15, HOUR, 1.5)
+    ]
+
+
+SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] = {
+    "ramp-stop": (ramp_stop, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
+    "agentic": (agentic, Deployment("llama-3.1-8b", 1, 3.0, 0.03)),
+    "periodic": (periodic, Deployment("llama-3.1-8b", 1, 2.0, 0.05)),
+    "low-rate": (low_rate, Deployment("llama-3.1-70b", 8, 3.0, 0.05)),
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in SHAPES or not argv[1].lstrip("-").isdigit():
+        print(f"usage: other_traces.py {{{','.join(SHAPES)}}} SEED OUT.csv", file=sys.stderr)
+        return 2
+    generate, deployment = SHAPES[argv[0]]
+    out = Path(argv[2])
+    write_csv(generate(random.Random(int(argv[1]))), out)
+    print(f"bench/autoscaler_compare.py --trace {out} {deployment.flags()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
