@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -102,10 +102,12 @@ def choose(
     prompt: Prompt,
     rng: random.Random,
     slack: Slack = PREFILL_SLACK,
+    work: Mapping[str, float] | None = None,
 ) -> Choice | None:
     """Of ``(url, in_flight)`` candidates, the one holding most of the prompt's leading
-    blocks unless it is overloaded; with no such engine, the less busy of two at random
-    (least outstanding requests, as without affinity)."""
+    blocks unless it is overloaded; with no such engine, the one with the least ``work``
+    in flight when given (:func:`least_work`), else the less busy of two at random (least
+    outstanding requests, as without affinity)."""
     if not candidates:
         return None
     least = min(n for _, n in candidates)
@@ -116,9 +118,24 @@ def choose(
         return Choice(best_url, held[best_url])
     if len(candidates) == 1:
         return Choice(candidates[0][0], held[candidates[0][0]])
+    if work is not None:
+        url = least_work(candidates, work)
+        return Choice(url, held[url])
     first, second = rng.sample(list(candidates), 2)
     url = first[0] if first[1] <= second[1] else second[0]
     return Choice(url, held[url])
+
+
+def least_work(candidates: Sequence[tuple[str, int]], work: Mapping[str, float]) -> str:
+    """Of non-empty ``(key, in_flight)`` candidates, the one with the least work in flight
+    (a prefill engine's prompt tokens); fewer requests break a tie, then the order given.
+
+    A prefill engine computes its queue in turn, so what a new prompt waits for is the
+    tokens ahead of it, not the requests: counted by requests, one engine busy with a
+    100k-token prompt looks as free as one with a 100-token prompt, and every prompt sent
+    to it waits seconds."""
+    key, _ = min(candidates, key=lambda c: (work.get(c[0], 0.0), c[1]))
+    return key
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Worker endpoints of a pool and how one is picked (pure apart from the random source).
 
 Least outstanding requests uses power-of-two choices: sample two healthy endpoints, take
-the one with fewer requests in flight. Cache-aware (:mod:`disagg.router.affinity`) sends a
+the one with fewer requests in flight. Where the router counts what each endpoint has in
+flight in the units it serves (a vLLM prefill pool's prompt tokens), the choice by load is
+the endpoint with the least of that instead (:func:`~disagg.router.affinity.least_work`).
+Cache-aware (:mod:`disagg.router.affinity`) sends a
 request where the router sent its prompt's leading blocks before, unless that engine is
 overloaded, and is least-outstanding otherwise. Prefix affinity hashes the start of the
 prompt onto a stable endpoint, falling back to least-outstanding when that endpoint is much
@@ -14,11 +17,17 @@ import hashlib
 import itertools
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from disagg.router.affinity import DECODE_SLACK, PREFILL_SLACK, AffinityRecord, choose
+from disagg.router.affinity import (
+    DECODE_SLACK,
+    PREFILL_SLACK,
+    AffinityRecord,
+    choose,
+    least_work,
+)
 from disagg.router.prompt_blocks import Prompt
 
 POLICIES: Final = ("cache-aware", "least-outstanding", "round-robin", "prefix-affinity")
@@ -131,12 +140,16 @@ class Picker:
         prefix: str = "",
         exclude: set[str] | None = None,
         prompt: Prompt | None = None,
+        work: Mapping[str, float] | None = None,
     ) -> Endpoint | None:
+        """An endpoint for a request. ``work``: what each endpoint has in flight from this
+        router, in the units it serves (a prefill pool's prompt tokens); with it, a choice by
+        load takes the least of it instead of the less busy of two by requests."""
         candidates = sorted(pool.available(exclude or set()), key=lambda e: e.url)
         if not candidates:
             return None
+        by_url = {e.url: e for e in candidates}
         if self.cache_aware and prompt is not None:
-            by_url = {e.url: e for e in candidates}
             slack = DECODE_SLACK if pool.role == "decode" else PREFILL_SLACK
             choice = choose(
                 [(e.url, e.in_flight) for e in candidates],
@@ -144,6 +157,7 @@ class Picker:
                 prompt,
                 self._rng,
                 slack,
+                work,
             )
             return by_url[choice.url] if choice is not None else None
         if self.policy == "round-robin":
@@ -158,5 +172,7 @@ class Picker:
                 return preferred
         if len(candidates) == 1:
             return candidates[0]
+        if work is not None:
+            return by_url[least_work([(e.url, e.in_flight) for e in candidates], work)]
         first, second = self._rng.sample(candidates, 2)
         return first if first.in_flight <= second.in_flight else second

@@ -145,7 +145,8 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
     assert router.session is not None
     tried: set[str] = set()
     for _ in range(2):
-        endpoint = router.picker.pick(router.prefill, call.prefix, tried, call.prompt)
+        work = {url: float(router.backlog.in_flight(url)) for url in router.prefill.endpoints}
+        endpoint = router.picker.pick(router.prefill, call.prefix, tried, call.prompt, work)
         if endpoint is None:
             return None
         tried.add(endpoint.url)

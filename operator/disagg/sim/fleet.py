@@ -6,10 +6,12 @@ agree by construction. Colocated mode runs prompt and generation in one pool (ch
 prefill under the token budget); disaggregated mode runs prompts in a prefill pool, moves the
 KV cache over the network (its transfer time follows the model's KV bytes per token), then
 generates in a decode pool. Requests are routed as the router routes them: a prompt under
-the pd threshold goes straight to decode, and a short one is offloaded to a decode engine
+the pd threshold goes straight to decode, a short one is offloaded to a decode engine
 while the prefill pool is backed up (the router's own rule and wait estimate,
-:mod:`disagg.router.offload`). An autoscaling policy can resize the pools every interval; new
-replicas serve after a provisioning delay, removed ones drain first.
+:mod:`disagg.router.offload`), and the rest go to the prefill engine with the fewest prompt
+tokens in flight (:func:`disagg.router.affinity.least_work`). An autoscaling policy can
+resize the pools every interval; new replicas serve after a provisioning delay, removed ones
+drain first.
 
 Speed: a decode-only step changes nothing anyone else sees until a request finishes, a new
 request reaches the engine, or the policy looks. So an engine runs consecutive decode-only
@@ -35,6 +37,7 @@ from disagg.perf.roofline import (
     kv_capacity_tokens,
     transfer_time,
 )
+from disagg.router.affinity import least_work
 from disagg.router.offload import PrefillBacklog
 from disagg.sim.fleet_stats import pool_stats
 from disagg.sim.fleet_types import (
@@ -131,6 +134,13 @@ class Fleet:
         if not engines:  # nothing serves yet (all provisioning): retry shortly, as a router would
             self.at(self.now + 1.0, lambda: self._dispatch(pool, sim, outcome))
             return
+        if engine is None and pool == "prefill" and self.config.mode == "disaggregated":
+            # As the router does: the prefill engine with the fewest prompt tokens in flight.
+            name = least_work(
+                [(e.name, e.outstanding) for e in engines],
+                {e.name: float(self._backlog.in_flight(e.name)) for e in engines},
+            )
+            engine = next(e for e in engines if e.name == name)
         # Ties go to the oldest engine (min keeps list order); never to a memory address.
         engine = engine or min(engines, key=lambda e: e.outstanding)
         engine.outstanding += 1
