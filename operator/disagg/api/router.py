@@ -86,8 +86,10 @@ class RouterSpec(ApiModel):
         description="How a worker is picked. cache-aware: the engine the router sent the "
         "prompt's leading blocks to before (it likely still caches them), unless that engine "
         "is overloaded, else as least-outstanding; on single-shot traffic with no shared "
-        "prefix it is least-outstanding. least-outstanding: the less busy of two at random. "
-        "round-robin. prefix-affinity: a hash of the prompt's first 256 characters.",
+        "prefix it is least-outstanding. least-outstanding: with the vLLM backend, the "
+        "prefill engine with the fewest prompt tokens in flight from this router; otherwise "
+        "the less busy of two at random by requests in flight. round-robin. prefix-affinity: "
+        "a hash of the prompt's first 256 characters.",
     )
     local_prefill: LocalPrefillSpec = Field(
         default_factory=LocalPrefillSpec,
