@@ -57,6 +57,11 @@ def test_the_picker_takes_the_least_work_when_it_is_given() -> None:
     work = {"http://a:1": 80_000.0, "http://b:1": 2_000.0}
     by_work = {picker.pick(pool, work=work).url for _ in range(20)}  # type: ignore[union-attr]
     assert by_work == {"http://b:1"}
+    idle_pool = Pool("prefill")
+    idle_pool.replace([Endpoint("http://c:1"), Endpoint("http://d:1")])
+    idle = {"http://c:1": 0.0, "http://d:1": 0.0}
+    shared = {picker.pick(idle_pool, work=idle).url for _ in range(20)}  # type: ignore[union-attr]
+    assert shared == {"http://c:1", "http://d:1"}, "idle engines share the traffic"
 
 
 Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]

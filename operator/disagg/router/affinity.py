@@ -119,7 +119,8 @@ def choose(
     if len(candidates) == 1:
         return Choice(candidates[0][0], held[candidates[0][0]])
     if work is not None:
-        url = least_work(candidates, work)
+        # Shuffled, so that idle engines share what several router replicas send at once.
+        url = least_work(rng.sample(list(candidates), len(candidates)), work)
         return Choice(url, held[url])
     first, second = rng.sample(list(candidates), 2)
     url = first[0] if first[1] <= second[1] else second[0]
