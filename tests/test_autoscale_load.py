@@ -192,8 +192,8 @@ LONG_PROMPTS = ((0.25, 40.0), (0.5, 65.0), (1.0, 85.0), (2.5, 98.0), (5.0, 100.0
 
 
 def test_a_prefill_pool_that_read_few_prompts_of_varying_length_keeps_room_for_their_mean() -> None:
-    # 0.5 req/s of 12k-token prompts at 20k tokens/s against a 3 s TTFT SLO: a minute shows
-    # 30 prompts, and with these sizes their mean is off by about a fifth either way. That
+    # 0.7 req/s of 12k-token prompts at 20k tokens/s against a 3 s TTFT SLO: a minute shows
+    # 42 prompts, and with these sizes their mean is off by about a sixth either way. That
     # error sets how long each prompt waits behind another, not only the load: three
     # replicas stay (two, when it was counted on the rate alone, and the next window of
     # longer prompts grew the pool back).
@@ -204,7 +204,7 @@ def test_a_prefill_pool_that_read_few_prompts_of_varying_length_keeps_room_for_t
         replicas, moves = 6, []
         for t in range(0, 600, 15):
             signals = prefill(
-                1.0, 0.5, at=NOW + t, prefill_buckets=LONG_PROMPTS, prompt_tokens_rate=6000.0,
+                1.0, 0.7, at=NOW + t, prefill_buckets=LONG_PROMPTS, prompt_tokens_rate=8400.0,
                 prefill_seconds=0.6,
             )  # fmt: skip
             decision = decide_pool(
@@ -216,7 +216,7 @@ def test_a_prefill_pool_that_read_few_prompts_of_varying_length_keeps_room_for_t
         return moves
 
     assert downs(window=60) == [(300.0, 3)]
-    # The same load read over ten minutes (300 prompts) is known well enough for two.
+    # The same load read over ten minutes (420 prompts) is known well enough for two.
     assert downs(window=600) == [(300.0, 2)]
 
 
@@ -382,12 +382,12 @@ def test_a_prefill_pool_held_within_its_slo_says_what_one_replica_fewer_would_fa
 
     assert hold(8.5).endswith(
         "; on 1, 91% busy at 10000 tokens/s (at most 80%) and 15.6% of prompts waiting past "
-        "what the SLO leaves them at 10000 tokens/s (at most 0.5%)"
+        "what the SLO leaves them at 10000 tokens/s (at most 1.0%)"
     )
     # Where only the wait check with one estimate error binds, it says that.
-    assert hold(6.0).endswith(
-        "; on 1, 0.504% of prompts waiting past what the SLO leaves them with one estimate "
-        "error more load (at most 0.5%)"
+    assert hold(6.5).endswith(
+        "; on 1, 1.24% of prompts waiting past what the SLO leaves them with one estimate "
+        "error more load (at most 1.0%)"
     )
 
 
