@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
+from disagg.router.app import build_app
+from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.metrics import RouterMetrics
+from disagg.router.proxy import Router, RouterConfig
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.server import build_app as build_engine_app
+
+Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]
+"""A router's test client, the router, and its simulated engines by URL."""
 
 
 def engine(role: str, prefix_caching: bool = True) -> Engine:
@@ -30,3 +41,32 @@ async def serve_engine(role: str) -> tuple[Engine, web.AppRunner, str]:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     await served.start("127.0.0.1")
     return served, runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@asynccontextmanager
+async def router_stack(roles: Sequence[str], config: RouterConfig) -> AsyncIterator[Stack]:
+    """A router (least-outstanding) in front of simulated engines of these roles, in order."""
+    served = [await serve_engine(role) for role in roles]
+    prefill, decode = Pool("prefill"), Pool("decode")
+    urls = {role: [url for (_, _, url), r in zip(served, roles, strict=True) if r == role]
+            for role in ("prefill", "decode")}  # fmt: skip
+    prefill.replace([Endpoint(url) for url in urls["prefill"]])
+    decode.replace([Endpoint(url) for url in urls["decode"]])
+    router = Router(config, prefill, decode, Picker("least-outstanding"), RouterMetrics())
+    client = TestClient(TestServer(build_app(router)))
+    await client.start_server()
+    try:
+        yield client, router, {url: engine for engine, _, url in served}
+    finally:
+        await client.close()
+        for engine, runner, _ in served:
+            await engine.close()
+            await runner.cleanup()
+
+
+def prompt_tokens(engine: Engine) -> float:
+    """The prompt tokens an engine computed (its vllm:prompt_tokens_total)."""
+    value = engine.metrics.registry.get_sample_value(
+        "vllm:prompt_tokens_total", engine.metrics.labels
+    )
+    return value or 0.0

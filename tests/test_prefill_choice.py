@@ -9,20 +9,15 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 
 from disagg.router.affinity import AffinityRecord, choose, least_work
-from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import Prompt
-from disagg.router.proxy import Router, RouterConfig
-from disagg.sim.engine import Engine
+from disagg.router.proxy import RouterConfig
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build
 from disagg.sim.traffic import Request
-from simengines import serve_engine
+from simengines import Stack, prompt_tokens, router_stack
 
 
 def test_the_engine_with_the_fewest_tokens_in_flight_wins_not_the_fewest_requests() -> None:
@@ -64,33 +59,11 @@ def test_the_picker_takes_the_least_work_when_it_is_given() -> None:
     assert shared == {"http://c:1", "http://d:1"}, "idle engines share the traffic"
 
 
-Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]
-
-
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    served = [await serve_engine(role) for role in ("prefill", "prefill", "decode")]
-    prefill, decode = Pool("prefill"), Pool("decode")
-    prefill.replace([Endpoint(url) for _, _, url in served[:2]])
-    decode.replace([Endpoint(served[2][2])])
-    router = Router(
-        RouterConfig(served_model_name="m"), prefill, decode, Picker("least-outstanding"),
-        RouterMetrics(),
-    )  # fmt: skip
-    client = TestClient(TestServer(build_app(router)))
-    await client.start_server()
-    yield client, router, {url: engine for engine, _, url in served}
-    await client.close()
-    for engine, runner, _ in served:
-        await engine.close()
-        await runner.cleanup()
-
-
-def _prompt_tokens(engine: Engine) -> float:
-    value = engine.metrics.registry.get_sample_value(
-        "vllm:prompt_tokens_total", engine.metrics.labels
-    )
-    return value or 0.0
+    config = RouterConfig(served_model_name="m")
+    async with router_stack(("prefill", "prefill", "decode"), config) as served:
+        yield served
 
 
 async def test_the_router_sends_a_prompt_where_the_fewest_prompt_tokens_wait(
@@ -106,13 +79,13 @@ async def test_the_router_sends_a_prompt_where_the_fewest_prompt_tokens_wait(
         router.backlog.sent(free_url, 300, now)
     router.prefill.endpoints[busy_url].in_flight = 1
     router.prefill.endpoints[free_url].in_flight = 3
-    before = {url: _prompt_tokens(engines[url]) for url in (busy_url, free_url)}
+    before = {url: prompt_tokens(engines[url]) for url in (busy_url, free_url)}
     body = {"model": "m", "prompt": "tok " * 1000, "max_tokens": 4}
     response = await client.post("/v1/completions", json=body)
     assert response.status == 200, await response.text()
     assert response.headers["X-Disagg-Path"] == "disaggregated"
-    assert _prompt_tokens(engines[busy_url]) == before[busy_url]
-    assert _prompt_tokens(engines[free_url]) >= before[free_url] + 900
+    assert prompt_tokens(engines[busy_url]) == before[busy_url]
+    assert prompt_tokens(engines[free_url]) >= before[free_url] + 900
 
 
 def test_short_prompts_do_not_wait_behind_a_long_one_while_another_engine_is_free() -> None:

@@ -10,18 +10,14 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from disagg.router.app import build_app
-from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.metrics import RouterMetrics
 from disagg.router.offload import Offload, PrefillBacklog
 from disagg.router.proxy import Router, RouterConfig
-from disagg.sim.engine import Engine
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build
 from disagg.sim.traffic import Request, generate, step
-from simengines import serve_engine
+from simengines import Stack, prompt_tokens, router_stack
 
 # --- the wait estimate ------------------------------------------------------------------------
 
@@ -93,24 +89,11 @@ def test_only_short_prompts_skip_a_prefill_pool_that_makes_them_wait(
 # --- the router against simulated engines ----------------------------------------------------
 
 
-Stack = tuple[TestClient[web.Request, web.Application], Router, dict[str, Engine]]
-
-
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
-    served = [await serve_engine(role) for role in ("prefill", "decode", "decode")]
-    prefill, decode = Pool("prefill"), Pool("decode")
-    prefill.replace([Endpoint(served[0][2])])
-    decode.replace([Endpoint(url) for _, _, url in served[1:]])
     config = RouterConfig(served_model_name="m", offload=Offload(2048, 1.0))
-    router = Router(config, prefill, decode, Picker("least-outstanding"), RouterMetrics())
-    client = TestClient(TestServer(build_app(router)))
-    await client.start_server()
-    yield client, router, {url: engine for engine, _, url in served}
-    await client.close()
-    for engine, runner, _ in served:
-        await engine.close()
-        await runner.cleanup()
+    async with router_stack(("prefill", "decode", "decode"), config) as served:
+        yield served
 
 
 def _backed_up(router: Router, seconds: float) -> None:
@@ -121,13 +104,6 @@ def _backed_up(router: Router, seconds: float) -> None:
     router.backlog.sent(url, 1000, now - 1.0)
     router.backlog.finished(url, 1000, now)
     router.backlog.sent(url, round(1000 * seconds), now)
-
-
-def _prompt_tokens(engine: Engine) -> float:
-    value = engine.metrics.registry.get_sample_value(
-        "vllm:prompt_tokens_total", engine.metrics.labels
-    )
-    return value or 0.0
 
 
 async def _path(client: TestClient[web.Request, web.Application], words: int, stream: bool) -> str:
@@ -145,10 +121,10 @@ async def test_a_short_prompt_skips_a_backed_up_prefill_pool(stack: Stack, strea
     client, router, engines = stack
     prefill = next(e for e in engines.values() if e.config.role == "prefill")
     _backed_up(router, seconds=30)
-    before = _prompt_tokens(prefill)
+    before = prompt_tokens(prefill)
     assert await _path(client, 1000, stream) == "offloaded"  # ~1000 tokens
-    assert _prompt_tokens(prefill) == before, "the prefill engine computed nothing"
-    decode_tokens = sum(_prompt_tokens(e) for e in engines.values() if e.config.role == "decode")
+    assert prompt_tokens(prefill) == before, "the prefill engine computed nothing"
+    decode_tokens = sum(prompt_tokens(e) for e in engines.values() if e.config.role == "decode")
     assert decode_tokens >= 900, "a decode engine computed the prompt"
     assert all(e.local_prefills == 0 for e in router.decode.endpoints.values())
     assert await _path(client, 4000, stream) == "disaggregated", "too long to offload"
