@@ -52,7 +52,8 @@ WAIT_TARGET: Final = 0.01
 """Share of prompts allowed to wait past their TTFT budget: the 1% a p99 SLO allows. The
 router sends each prompt to the prefill engine with the fewest prompt tokens in flight,
 the central queue M/M/n assumes. While it sent them to the one with the fewest requests,
-prompts waited behind long ones M/M/n did not see, and half of the 1% was kept for that."""
+prompts waited behind long ones M/M/n did not see, and half of the 1% was kept for that.
+(SGLang's pairs are still chosen by requests in flight; only vLLM's routing is measured.)"""
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
 GROWTH_CAP: Final = 2.0
