@@ -119,23 +119,28 @@ def choose(
     if len(candidates) == 1:
         return Choice(candidates[0][0], held[candidates[0][0]])
     if work is not None:
-        # Shuffled, so that idle engines share what several router replicas send at once.
-        url = least_work(rng.sample(list(candidates), len(candidates)), work)
+        url = least_work(candidates, work, rng)
         return Choice(url, held[url])
     first, second = rng.sample(list(candidates), 2)
     url = first[0] if first[1] <= second[1] else second[0]
     return Choice(url, held[url])
 
 
-def least_work(candidates: Sequence[tuple[str, int]], work: Mapping[str, float]) -> str:
+def least_work(
+    candidates: Sequence[tuple[str, int]],
+    work: Mapping[str, float],
+    rng: random.Random | None = None,
+) -> str:
     """Of non-empty ``(key, in_flight)`` candidates, the one with the least work in flight
-    (a prefill engine's prompt tokens); fewer requests break a tie, then the order given.
+    (a prefill engine's prompt tokens); fewer requests break a tie, then ``rng`` (so that
+    idle engines share what several router replicas send at once), else the order given.
 
     A prefill engine computes its queue in turn, so what a new prompt waits for is the
     tokens ahead of it, not the requests: counted by requests, one engine busy with a
     100k-token prompt looks as free as one with a 100-token prompt, and every prompt sent
     to it waits seconds."""
-    key, _ = min(candidates, key=lambda c: (work.get(c[0], 0.0), c[1]))
+    order = rng.sample(list(candidates), len(candidates)) if rng is not None else candidates
+    key, _ = min(order, key=lambda c: (work.get(c[0], 0.0), c[1]))
     return key
 
 

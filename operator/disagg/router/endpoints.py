@@ -173,8 +173,6 @@ class Picker:
         if len(candidates) == 1:
             return candidates[0]
         if work is not None:
-            # Shuffled, so that idle engines share what several router replicas send at once.
-            shuffled = self._rng.sample(candidates, len(candidates))
-            return by_url[least_work([(e.url, e.in_flight) for e in shuffled], work)]
+            return by_url[least_work([(e.url, e.in_flight) for e in candidates], work, self._rng)]
         first, second = self._rng.sample(candidates, 2)
         return first if first.in_flight <= second.in_flight else second
