@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from disagg.autoscale.latency import tolerance
 from disagg.autoscale.load import coming_backlog, pool_demand
 from disagg.autoscale.policy import (
     Behavior,
@@ -16,6 +17,7 @@ from disagg.autoscale.policy import (
     Signals,
     decide_pool,
 )
+from disagg.perf.buckets import LATENCY_BUCKETS
 
 NOW = 50_000.0
 PREFILL = PoolPolicy(slo=2.0, min_replicas=1, max_replicas=16, gpus_per_replica=4,
@@ -184,6 +186,25 @@ def test_a_prefill_pool_shrinks_to_a_size_its_load_keeps_at_most_80_percent_busy
     # prompts a minute: four replicas are 75% busy and meet the wait target with that
     # estimate's error on top. (Sizing the look-back for 25% more load than seen kept five.)
     assert run_prefill(30.0, 8, 900) == [(300.0, 8, 4)]
+
+
+def test_a_p99_read_before_new_replicas_served_keeps_no_replica_in_the_look_back() -> None:
+    # Eight replicas, the last of a scale-up just arrived. For one rate window the p99 still
+    # says what the smaller pool left (over the SLO, inside its tolerance band); the load,
+    # 5 req/s, is one replica's. The look-back counts from the arrival: one move to one
+    # replica after it (the stale reading, kept as "hold at 8", held eight a window longer;
+    # with a surge's longer look-back, for the rest of a 20-minute trace).
+    over = PREFILL.slo * (1 + tolerance(PREFILL.slo, LATENCY_BUCKETS["vllm"]["prefill"]) / 2)
+    memory, replicas, downs, t = PoolMemory(prefill_speed=10_000, ready_at=NOW), 8, [], NOW
+    while t < NOW + 600:
+        p99 = over if t - NOW < RULES.window else 0.3
+        decision = decide_pool("prefill", prefill(p99, 5.0, at=t), replicas, replicas, PREFILL,
+                               RULES, memory, NOW - 120, t)  # fmt: skip
+        if decision.action == "down":
+            downs.append((t - NOW, replicas, decision.desired))
+            replicas = decision.desired
+        t += 15
+    assert downs == [(300.0, 8, 1)], downs
 
 
 # Long-context prompts of widely varying length (prefill alone from under 0.25 s to 5 s).

@@ -36,7 +36,8 @@ no load estimate yet. The inputs and what the policy remembers are in
   and the sequences it holds down too: a burst may come back before a flap could teach it;
   halved after an hour with none of these), not while arrivals rise over both of the last
   two provisioning delays (what it would shed comes back within one), leaving out what only a
-  backlog asked for (it is drained once), at most ``scaleDown.maxStep``
+  backlog asked for (it is drained once) and what a p99 over the SLO measured before the
+  replicas that just arrived served would keep, at most ``scaleDown.maxStep``
   at a time, after ``scaleDown.cooldown``, only while latency holds 20% under the SLO and to a
   size the load fills to at most 80% that would still meet the SLO were the load one estimate
   error above what it reads (a size it only just fits is one the next fluctuation scales
@@ -231,8 +232,10 @@ def decide_pool(
     # A p99 says nothing about the pool's size when requests that miss at any size are 1% of
     # the traffic (they alone put it there), or when it is no more than the slowest prompts'
     # own prefill (a few just under the SLO hold it there at any size); and over the SLO it
-    # describes the past just after new replicas arrived (fresh) or while a backlog drains
-    # under a load estimate.
+    # describes the past just after new replicas arrived (fresh: even inside its tolerance,
+    # where a hold kept the smaller pool's verdict in the look-back as the size to keep), or
+    # beyond its tolerance while a backlog drains under a load estimate (inside it, the
+    # p99 is the pool's own: counting it out there flapped a diurnal trace).
     intrinsic = intrinsic_p99(pool, signals, memory)
     inherent = (
         intrinsic is not None
@@ -241,7 +244,7 @@ def decide_pool(
     )
     draining = need is not None and signals.queue is not None and growing <= 0
     physical = (slow is not None and slow[0] >= UNREACHABLE_P99) or inherent
-    stale = (fresh or draining) and latency > 1 + band
+    stale = (fresh and latency > 1) or (draining and latency > 1 + band)
     latency_counts = not physical and not stale
     # The load estimate already holds the queue, the KV cache and the batch limits; the gauges
     # drive on their own only where there is no estimate (nothing learned yet), except a
