@@ -412,33 +412,6 @@ def test_a_prefill_pool_held_within_its_slo_says_what_one_replica_fewer_would_fa
     )
 
 
-def test_a_prefill_pool_whose_prompts_are_sent_by_requests_keeps_room_for_uneven_queues() -> None:
-    # 6.2 req/s of 1000-token prompts at 10k tokens/s on two replicas. On one, 0.72% of
-    # prompts would wait past what the SLO leaves them, with one estimate error more load.
-    # Behind the router's least-work choice (the central queue Erlang C models) that is
-    # within the 1% a p99 allows: the pool shrinks to one. Sent by requests in flight
-    # (SGLang's pairs, round-robin), prompts queue behind long ones the model does not see,
-    # and half of that 1% is kept: it holds two, and says why.
-    def run(policy: PoolPolicy) -> tuple[list[tuple[float, int, int]], str]:
-        memory, replicas, moves, t, reason = PoolMemory(prefill_speed=10_000), 2, [], NOW, ""
-        while t < NOW + 600:
-            decision = decide_pool("prefill", prefill(0.4, 6.2, at=t), replicas, replicas,
-                                   policy, RULES, memory, NOW - 900, t)  # fmt: skip
-            if decision.desired != replicas:
-                moves.append((t - NOW, replicas, decision.desired))
-                replicas = decision.desired
-            t, reason = t + 15, decision.reason
-        return moves, reason
-
-    assert run(PREFILL)[0] == [(300.0, 2, 1)]
-    moves, reason = run(replace(PREFILL, prompts_by_work=False))
-    assert moves == [], moves
-    assert reason.endswith(
-        "; on 1, 0.723% of prompts waiting past what the SLO leaves them with one estimate "
-        "error more load (at most 0.5%)"
-    ), reason
-
-
 def test_replicas_a_backlog_needed_are_given_back_once_it_has_drained() -> None:
     # 6 replicas drain a backlog of 600 prompts at 2 per second while 5 req/s keep arriving
     # (so engines finish 7 req/s); then the queue is empty. 5 req/s of 1000-token prompts at

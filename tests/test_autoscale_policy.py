@@ -464,29 +464,6 @@ def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     assert pool_policies(parse_model(load_example("colocated")))["prefill"].step_tokens is None
 
 
-def test_a_prefill_pool_is_sized_for_how_its_router_sends_prompts() -> None:
-    from conftest import load_example
-    from disagg.api import parse_model
-    from disagg.autoscale.evaluate import pool_policies
-
-    def by_work(example: str, router: dict[str, object] | None = None) -> bool:
-        manifest = load_example(example)
-        if router is not None:
-            manifest["spec"]["router"] = router
-        return pool_policies(parse_model(manifest))["prefill"].prompts_by_work
-
-    # vLLM behind the router's cache-aware (default) or least-outstanding policy: each
-    # prompt goes to the prefill engine with the fewest prompt tokens in flight.
-    assert by_work("minimal")
-    assert by_work("minimal", {"policy": "least-outstanding"})
-    # Every other way prompts reach a pool is sized for uneven queues.
-    assert not by_work("minimal", {"policy": "round-robin"})
-    assert not by_work("minimal", {"policy": "prefix-affinity"})
-    assert not by_work("minimal", {"enabled": False})
-    assert not by_work("sglang-mooncake")
-    assert not by_work("colocated")
-
-
 def test_an_sglang_pool_reads_its_p99_against_sglangs_own_buckets() -> None:
     from conftest import load_example
     from disagg.api import parse_model

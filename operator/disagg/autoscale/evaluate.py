@@ -86,21 +86,6 @@ def _colocated(model: DisaggregatedModel) -> bool:
     return model.spec.mode == "colocated"
 
 
-def _prompts_by_work(model: DisaggregatedModel) -> bool:
-    """Whether this project's router sends each prompt to the prefill engine with the fewest
-    prompt tokens in flight: with vLLM, and the cache-aware or least-outstanding policy
-    (router.affinity); SGLang's pairs are chosen by requests in flight, round-robin and
-    prefix-affinity by neither, and a colocated pool or a user's own router has no such
-    choice."""
-    spec = model.spec
-    return (
-        not _colocated(model)
-        and spec.engine.backend == "vllm"
-        and spec.router.enabled
-        and spec.router.policy in ("cache-aware", "least-outstanding")
-    )
-
-
 def _pool_of(model: DisaggregatedModel, phase: PoolName) -> Role:
     """The pool whose replicas serve a phase: its own, or the colocated engine pool."""
     return "engine" if _colocated(model) else phase
@@ -132,7 +117,6 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
                 if phase == "prefill" and not _colocated(model)
                 else None
             ),
-            prompts_by_work=_prompts_by_work(model),
         )
     return policies
 

@@ -69,7 +69,7 @@ class Need:
 
 def prefill_floor(
     arrival_rate: float, service: float, budgets: sizing.Budgets, limit: int, events: float,
-    spread: float, target: float = sizing.WAIT_TARGET,
+    spread: float,
 ) -> int:  # fmt: skip
     """The fewest prefill replicas a scale-down may leave for these arrivals: kept busy at
     most DOWN_HEADROOM of the time, and meeting the wait target were the load one estimate
@@ -82,7 +82,7 @@ def prefill_floor(
     erlangs = arrival_rate * longer
     busy = math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
     arrivals = arrival_rate * sizing.noise(events)
-    return max(sizing.prefill_replicas(arrivals, longer, budgets, limit, target), busy)
+    return max(sizing.prefill_replicas(arrivals, longer, budgets, limit), busy)
 
 
 def one_error_longer(service: float, events: float, spread: float) -> float:
@@ -93,7 +93,7 @@ def one_error_longer(service: float, events: float, spread: float) -> float:
 
 def one_fewer(
     fewer: int, arrival_rate: float, prompt: float, speeds: tuple[float, float],
-    budgets: sizing.Budgets, events: float, spread: float, target: float = sizing.WAIT_TARGET,
+    budgets: sizing.Budgets, events: float, spread: float,
 ) -> str:  # fmt: skip
     """What ``fewer`` prefill replicas would face, in the terms of the rules that keep them
     (``speeds``: the cautious one prefill_floor keeps a pool on, and what a busy replica
@@ -115,10 +115,10 @@ def one_fewer(
             said.append(f"more work than {fewer} serve {how}")
             break
         late = sizing.late_share(fewer, work, each, budgets) / reachable
-        if late > target:
+        if late > sizing.WAIT_TARGET:
             said.append(
                 f"{late * 100:.3g}% of prompts waiting past what the SLO leaves them {how} "
-                f"(at most {target:.1%})"
+                f"(at most {sizing.WAIT_TARGET:.1%})"
             )
             break
     return f"; on {fewer}, {' and '.join(said)}" if said else ""
@@ -169,13 +169,12 @@ def feed_forward(
         learned_on = memory.batched_prompt
         if memory.batched_speed and learned_on and mean_prompt <= BATCHED_MIX * learned_on:
             batched = max(speed, memory.batched_speed)
-        target = sizing.wait_target(policy.prompts_by_work)
-        n = sizing.prefill_replicas(arrivals, mean_prompt / batched, budgets, limit, target)
-        keep = prefill_floor(arrivals, service, budgets, limit, events, sizes, target)
+        n = sizing.prefill_replicas(arrivals, mean_prompt / batched, budgets, limit)
+        keep = prefill_floor(arrivals, service, budgets, limit, events, sizes)
         # While a backlog drains the engines finish more than arrives: what arrived over the
         # rate window is what they finished in it plus what the queue grew by in it.
         seen = max(0.0, rate + memory.window_queue_change) * headroom
-        sustained = prefill_floor(seen, service, budgets, limit, events, sizes, target)
+        sustained = prefill_floor(seen, service, budgets, limit, events, sizes)
         waiting = f" + {signals.queue:.0f} waiting" if signals.queue else ""
         speeds = f"{speed:.0f}"
         if batched > speed:
@@ -188,9 +187,8 @@ def feed_forward(
         kept_for = ""
         if min(ordered, ready) > max(1, policy.min_replicas) and max(n, keep) >= ordered:
             kept_for = one_fewer(
-                ordered - 1, arrivals, mean_prompt, (speed, batched), budgets, events, sizes,
-                target,
-            )  # fmt: skip
+                ordered - 1, arrivals, mean_prompt, (speed, batched), budgets, events, sizes
+            )
         return Need(n, why, keep, sustained, service, typical, kept_for=kept_for)
     batch, bound = decode_batch(signals, policy, memory, ready)
     if batch is None or signals.running is None:

@@ -85,10 +85,6 @@ class PoolPolicy:
     latency_buckets: tuple[float, ...] | None = None
     """The bounds of the histogram the pool's p99 is read from (the engine's defaults: how
     finely it can tell how far over or under the SLO the pool is); None: vLLM's."""
-    prompts_by_work: bool = True
-    """Prefill: the router sends each prompt to the prefill engine with the fewest prompt
-    tokens in flight (the queue Erlang C models); otherwise the pool is sized for half the
-    waits past their budget (sizing.WAIT_TARGET_BY_REQUESTS)."""
 
 
 @dataclass(frozen=True)

@@ -49,16 +49,12 @@ Budgets = Sequence[tuple[float, float]]
 """(share of prompts, seconds they may wait) pairs."""
 
 WAIT_TARGET: Final = 0.01
-"""Share of prompts allowed to wait past their TTFT budget: the 1% a p99 SLO allows, where
-the router sends each prompt to the prefill engine with the fewest prompt tokens in flight
-(vLLM behind this project's router, cache-aware or least-outstanding): the central queue
-M/M/n assumes."""
-WAIT_TARGET_BY_REQUESTS: Final = 0.005
-"""The same where prompts are sent by requests in flight or by neither (SGLang's pairs,
-round-robin, prefix-affinity, a colocated engine pool, a router of the user's own): they
-wait behind long prompts M/M/n does not see, and half of the 1% is kept for that. Measured
-on the simulator's count-based routing, the 1% cost bursty traces up to 1.3 points and a
-flap, diurnal long context 0.3 points on average."""
+"""Share of prompts allowed to wait past their TTFT budget: the 1% a p99 SLO allows. The
+router sends each prompt to the prefill engine with the fewest prompt tokens in flight,
+the central queue M/M/n assumes. Where prompts are sent by requests in flight (SGLang's
+pairs; the simulator's two random choices or fewest requests), they wait behind long ones
+M/M/n does not see, yet half the target there bought about 0.1 point for 5-8% more
+GPU-hours and two or three more flaps at one minute of provisioning: not kept apart."""
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
 GROWTH_CAP: Final = 2.0
@@ -92,18 +88,11 @@ def late_share(servers: int, load: float, service: float, budgets: Budgets) -> f
     )
 
 
-def wait_target(by_work: bool) -> float:
-    """The share of prompts that may wait past their budget, by how the router sends them
-    (``by_work``: to the prefill engine with the fewest prompt tokens in flight)."""
-    return WAIT_TARGET if by_work else WAIT_TARGET_BY_REQUESTS
-
-
 def prefill_replicas(
-    arrival_rate: float, service: float, budgets: Budgets, limit: int = 1000,
-    target: float = WAIT_TARGET,
-) -> int:  # fmt: skip
-    """Fewest replicas for which at most ``target`` of the prompts (that can meet the SLO at
-    all) wait past what the SLO leaves them."""
+    arrival_rate: float, service: float, budgets: Budgets, limit: int = 1000
+) -> int:
+    """Fewest replicas for which at most WAIT_TARGET of the prompts (that can meet the SLO
+    at all) wait past what the SLO leaves them."""
     load = arrival_rate * service
     if load <= 0:
         return 0
@@ -112,7 +101,7 @@ def prefill_replicas(
     reachable = sum(share for share, _ in budgets) or 1.0
     n = max(1, math.floor(load) + 1)
     while n < limit:
-        if late_share(n, load, service, budgets) <= target * reachable:
+        if late_share(n, load, service, budgets) <= WAIT_TARGET * reachable:
             return n
         n += 1
     return limit

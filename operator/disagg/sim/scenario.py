@@ -140,9 +140,6 @@ def build_policy(scenario: Scenario, config: FleetConfig) -> ScalingPolicy:
                     tensor_parallel=scenario.prefill_tp,
                     # Colocated steps also carry decodes: the budget overstates the room.
                     step_tokens=None if colocated else config.budget["prefill"],
-                    # The fleet sends prompts as the router does with vLLM (by their tokens
-                    # in flight) to a prefill pool, by requests to a colocated one.
-                    prompts_by_work=not colocated,
                 ),
                 "decode": PoolPolicy(
                     scenario.tpot, 1, high, scenario.decode_tp, scenario.max_num_seqs,
