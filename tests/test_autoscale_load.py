@@ -260,6 +260,28 @@ def test_a_p99_held_up_by_prompts_just_under_the_slo_does_not_keep_a_pool_large(
     assert run_prefill(5.0, 4, 600, p99=2.3, prefill_buckets=NEAR_SLO_PROMPTS) == []
 
 
+# One prompt in 53 takes 1-1.5 s of prefill alone, the rest under half a second.
+ONE_SLOW_PROMPT = ((0.3, 50.0), (0.5, 52.0), (1.0, 52.0), (1.5, 53.0), (float("inf"), 53.0))
+
+
+def test_a_p99_is_compared_with_the_prompts_own_prefill_as_its_own_buckets_read_it() -> None:
+    # At 0.9 req/s a pool of two is under a tenth busy. Its one slow prompt reads as a p99
+    # of 1.23 s in the prefill-time histogram, but vLLM's TTFT buckets jump from 1 to 2.5 s,
+    # and there the same prompt reads as 1.7 s: read the same way, it is the prompt's own.
+    downs = run_prefill(0.9, 2, 600, p99=1.7, prefill_buckets=ONE_SLOW_PROMPT)
+    assert downs == [(300.0, 2, 1)]
+    signals = prefill(1.7, 0.9, prefill_buckets=ONE_SLOW_PROMPT)
+    decision = decide_pool(
+        "prefill", signals, 2, 2, PREFILL, RULES, PoolMemory(prefill_speed=10_000), None, NOW
+    )
+    assert (
+        "held there by the prompts' own prefill (p99 1.23s alone, 1.70s in the TTFT "
+        "histogram's buckets)" in decision.reason
+    )
+    # A p99 higher than those buckets read the slow prompt is waiting: the pool holds.
+    assert run_prefill(0.9, 2, 600, p99=2.0, prefill_buckets=ONE_SLOW_PROMPT) == []
+
+
 def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:
     # 200 prompts wait, 10 more per second, each costs 0.05 s of the pool's time: 10 s to
     # drain, far past the 1.7 s they may wait. Replicas ordered now serve in 120 s, when

@@ -48,6 +48,17 @@ def test_histogram_readings_interpolate_inside_a_bucket() -> None:
     assert sizing.quantile((), 0.5) is None
 
 
+def test_a_histogram_counted_again_in_other_buckets_reads_as_those_buckets_would() -> None:
+    # Counted at its own bounds nothing moves; in one bucket from 0.5 to 5 s the 1-5 s
+    # observations spread over all of it, and the 90th percentile moves from 1 to 4.17 s.
+    assert sizing.rebucket(BUCKETS, [b for b, _ in BUCKETS]) == BUCKETS
+    coarse = sizing.rebucket(BUCKETS, [0.5, 5.0])
+    assert coarse == ((0.5, 50.0), (5.0, 99.0), (math.inf, 100.0))
+    assert sizing.quantile(BUCKETS, 0.9) == pytest.approx(1.0)
+    assert sizing.quantile(coarse, 0.9) == pytest.approx(0.5 + 4.5 * 40 / 49)
+    assert sizing.rebucket((), [1.0]) == ()
+
+
 def test_wait_budgets_leave_out_prompts_that_miss_at_any_size() -> None:
     budgets = sizing.wait_budgets(3.0, BUCKETS, 0.5)
     assert sum(share for share, _ in budgets) == pytest.approx(1 - 0.055)

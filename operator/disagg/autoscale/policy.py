@@ -46,7 +46,8 @@ no load estimate yet. The inputs and what the policy remembers are in
 * **unreachable**: prompts whose prefill alone exceeds the TTFT SLO (or a decode step that
   misses TPOT with almost nothing batched) miss at any size; they do not drive scaling, and
   the decision says which share of requests it is and which TP degree would serve them; a
-  TTFT p99 no more than 10% over the prompts' own prefill at the 99th percentile is not
+  TTFT p99 no more than 10% over the prompts' own prefill at the 99th percentile (as the
+  prefill-time histogram reads it, or as the TTFT histogram's own buckets would) is not
   the pool's doing either, and neither scales it up nor keeps it from shrinking;
 * respect min/max and the model's GPU budget; when the budget binds, the pool whose SLO is
   worse gets the GPUs first, and the decision says it was limited
@@ -236,11 +237,15 @@ def decide_pool(
     # where a hold kept the smaller pool's verdict in the look-back as the size to keep), or
     # beyond its tolerance while a backlog drains under a load estimate (inside it, the
     # p99 is the pool's own: counting it out there flapped a diurnal trace).
+    # (Compared as the TTFT histogram reads both: in its coarser buckets one prompt of fifty
+    # just over a second alone read as a p99 of 1.7 s, and a pool of two at a fifth busy
+    # never counted as quiet enough to shrink.)
     intrinsic = intrinsic_p99(pool, signals, memory)
+    as_read = intrinsic_p99(pool, signals, memory, read_in=buckets)
     inherent = (
         intrinsic is not None
         and signals.p99 is not None
-        and signals.p99 <= intrinsic * (1 + MIN_TOLERANCE)
+        and signals.p99 <= max(intrinsic, as_read or 0.0) * (1 + MIN_TOLERANCE)
     )
     draining = need is not None and signals.queue is not None and growing <= 0
     physical = (slow is not None and slow[0] >= UNREACHABLE_P99) or inherent
@@ -263,7 +268,10 @@ def decide_pool(
         else "no latency yet"
     )
     if inherent and intrinsic is not None and latency > DOWN_HEADROOM:
-        observed += f", held there by the prompts' own prefill (p99 {intrinsic:.2f}s alone)"
+        observed += f", held there by the prompts' own prefill (p99 {intrinsic:.2f}s alone"
+        if as_read and signals.p99 is not None and signals.p99 > intrinsic * (1 + MIN_TOLERANCE):
+            observed += f", {as_read:.2f}s in the {label} histogram's buckets"
+        observed += ")"
     share, why_unreachable = slow if slow else (0.0, None)
     # What a hold at this size says of the latency.
     if latency <= 1 or (latency_counts and not breach):

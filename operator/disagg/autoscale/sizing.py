@@ -135,6 +135,16 @@ def share_above(buckets: Buckets, threshold: float) -> float:
     return 0.0
 
 
+def rebucket(buckets: Buckets, bounds: Sequence[float]) -> Buckets:
+    """The same observations counted in other buckets (spread evenly inside each of their
+    own, as histogram_quantile assumes): what a histogram with ``bounds`` would hold."""
+    if not buckets or buckets[-1][1] <= 0:
+        return ()
+    total = buckets[-1][1]
+    counted = [(b, total * (1 - share_above(buckets, b))) for b in bounds if not math.isinf(b)]
+    return (*counted, (math.inf, total))
+
+
 def quantile(buckets: Buckets, q: float) -> float | None:
     """The q-quantile of a cumulative histogram (histogram_quantile's interpolation); the
     highest finite bound when it falls in the +Inf bucket."""
