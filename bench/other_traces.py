@@ -9,7 +9,13 @@ other shapes users bring, kept apart so that no rule is tuned on them:
   sinusoid with bursty (Gamma, CV 2) arrivals;
 * ``periodic``: 8B chat at 14 req/s with a 2-minute burst to 40 req/s every ten minutes,
   the first five minutes in;
-* ``low-rate``: 70B long context at TP8, 0.15 req/s.
+* ``low-rate``: 70B long context at TP8, 0.15 req/s;
+* ``square``: 8B chat alternating 3 and 12 req/s every 15 minutes;
+* ``decline``: 70B chat at TP4 falling from 10 to 1 req/s over 40 minutes, then 1;
+* ``lengthening``: 8B chat at 5 req/s whose outputs grow from about 150 to 1200 tokens
+  over the hour;
+* ``rag``: 70B at TP8 with retrieved context, 6-20k-token prompts (3% of 60-120k) and short
+  outputs, 1 req/s doubling at 30 minutes.
 
 ``python bench/other_traces.py KIND SEED OUT.csv`` writes one and prints the
 ``autoscaler_compare.py --trace`` flags for its deployment.
@@ -88,11 +94,52 @@ def low_rate(rng: random.Random) -> list[Request]:
     ]
 
 
+def square(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return 12.0 if (t // 900) % 2 else 3.0
+
+    return [
+        Request(t, _lognormal(rng, 6.7, 1.0, 16, 16000), _lognormal(rng, 5.2, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 12.0, HOUR, 1.0)
+    ]
+
+
+def decline(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return max(1.0, 10 - 9 * t / 2400)
+
+    return [
+        Request(t, _lognormal(rng, 6.9, 0.9, 16, 12000), _lognormal(rng, 5.0, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 10.0, HOUR, 1.0)
+    ]
+
+
+def lengthening(rng: random.Random) -> list[Request]:
+    requests = []
+    for t in _arrivals(rng, lambda _: 5.0, 5.0, HOUR, 1.0):
+        prompt = _lognormal(rng, 6.5, 0.9, 16, 8000)
+        requests.append(Request(t, prompt, _lognormal(rng, 5.0 + 2.1 * t / HOUR, 0.9, 1, 8000)))
+    return requests
+
+
+def rag(rng: random.Random) -> list[Request]:
+    requests = []
+    for t in _arrivals(rng, lambda t: 1.0 if t < HOUR / 2 else 2.0, 2.0, HOUR, 1.3):
+        long = rng.random() < 0.03
+        prompt = rng.randint(60000, 120000) if long else rng.randint(6000, 20000)
+        requests.append(Request(t, prompt, _lognormal(rng, 4.5, 0.7, 1, 1000)))
+    return requests
+
+
 SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] = {
     "ramp-stop": (ramp_stop, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
     "agentic": (agentic, Deployment("llama-3.1-8b", 1, 3.0, 0.03)),
     "periodic": (periodic, Deployment("llama-3.1-8b", 1, 2.0, 0.05)),
     "low-rate": (low_rate, Deployment("llama-3.1-70b", 8, 3.0, 0.05)),
+    "square": (square, Deployment("llama-3.1-8b", 1, 2.0, 0.04)),
+    "decline": (decline, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
+    "lengthening": (lengthening, Deployment("llama-3.1-8b", 1, 1.5, 0.03)),
+    "rag": (rag, Deployment("llama-3.1-70b", 8, 4.0, 0.05)),
 }
 
 
