@@ -34,6 +34,7 @@ def signals(**values: object) -> Signals:
         ({"prompt_tokens_rate": -1.0}, "promptTokensRate is -1"),
         ({"sampled_at": math.nan}, "lastSample is nan"),
         ({"tpot_mean": -0.02}, "tpotMean is -0.02, not a finite number >= 0"),
+        ({"generation_tokens_rate": -5.0}, "generationTokensRate is -5, not a finite number"),
         # A custom query that reports percent: 85 would read as 100x the KV cache.
         ({"kv_usage": 85.0}, "kvUsage is 85, not a fraction of the KV cache (0-1)"),
     ],

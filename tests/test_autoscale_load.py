@@ -4,6 +4,7 @@ test_autoscale_look_back.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -680,3 +681,32 @@ def test_the_decode_headroom_follows_arrivals_not_lifetimes_that_rise() -> None:
     grown = decode_after(more)
     assert grown.startswith("up 3"), grown
     assert "headroom" in grown and "x 1.0" not in grown, grown
+
+
+def test_outputs_lengthening_slowly_are_provisioned_for_one_delay_ahead() -> None:
+    # 10 req/s whose outputs grow 7% every two minutes: the running count follows them, each
+    # sequence 0.4% of the KV cache, so one replica holds 212 at 85%. On the count alone the
+    # second replica is ordered when the count nears 212, seven minutes in; with the output
+    # tokens generated per request, whose rise is carried one provisioning delay ahead, two
+    # minutes sooner, when it arrives as the first replica fills.
+    def first_order(generated: bool, p99: float = 0.01) -> tuple[float, str]:
+        memory = PoolMemory()
+        for step in range(40):
+            t, growth = NOW + 15 * step, 1.07 ** (step / 8)
+            extra: dict[str, object] = {"kv_usage": 0.004 * 162 * growth, "p99": p99}
+            if generated:
+                extra["generation_tokens_rate"] = 10.0 * 1000 * growth
+            signals = decode(162 * growth, t, **extra)
+            decision = decide_pool("decode", signals, 1, 1, DECODE, RULES, memory, None, t)
+            if decision.action != "hold":
+                return t - NOW, f"{decision.action} {decision.desired}: {decision.reason}"
+        return math.inf, ""
+
+    alone, _ = first_order(generated=False)
+    sooner, reason = first_order(generated=True)
+    assert (alone, sooner) == (420.0, 300.0)
+    assert reason.startswith("up 2: scale up: load needs 2: 213 sequences"), reason
+    assert "outputs 6.5% longer within 120s" in reason
+    # A pool over its TPOT SLO (inside the dead band) may be saturated, its tokens per
+    # request still climbing after an output shift: their trend is not carried ahead.
+    assert first_order(generated=True, p99=0.042)[0] == 420.0

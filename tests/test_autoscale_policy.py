@@ -452,6 +452,21 @@ def test_the_decode_step_time_is_the_inter_token_mean_of_either_engine() -> None
         )
 
 
+def test_a_decode_pool_reads_the_output_tokens_either_engine_generates() -> None:
+    for backend in ("vllm", "sglang"):
+        query = build_queries(backend, "ns", "m", "decode", 60)["generationTokensRate"]
+        assert query == (
+            f"sum(rate({backend}:generation_tokens_total"
+            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
+        )
+    # A spec's own query replaces it, with the selector and window substituted.
+    custom = {"generationTokensRate": "sum(rate(my_tokens{$selector}[$window]))"}
+    query = build_queries("vllm", "ns", "m", "decode", 60, custom)["generationTokensRate"]
+    assert (
+        query == 'sum(rate(my_tokens{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
+    )
+
+
 def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     from conftest import load_example
     from disagg.api import parse_model

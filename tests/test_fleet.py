@@ -281,3 +281,23 @@ def test_the_summary_says_which_pool_the_gpu_hours_went_to(
     assert by_pool["prefill"] + by_pool["decode"] == pytest.approx(summary["gpuHours"], abs=2e-3)
     printed = capsys.readouterr().out
     assert f"prefill {by_pool['prefill']:.2f}, decode {by_pool['decode']:.2f}" in printed
+
+
+def test_the_simulated_engines_count_the_output_tokens_they_generate() -> None:
+    from disagg.sim.fleet import PoolName, PoolStats
+    from disagg.sim.traffic import Request
+
+    # 4 req/s of 200-token outputs, every 0.25 s: the decode pool generates 800 tokens/s
+    # once the first minute's window is full; the prefill pool generates none of them.
+    seen: dict[PoolName, list[float | None]] = {"prefill": [], "decode": []}
+
+    class Watch:
+        def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
+            if 90 <= now <= 240:  # the window full, arrivals still coming
+                seen[pool].append(stats.generation_tokens_rate)
+            return stats.replicas
+
+    requests = [Request(0.25 * i, 1000, 200) for i in range(4 * 240)]
+    simulate(FleetConfig("disaggregated", H100_8B, policy=Watch()), requests)
+    assert seen["decode"] and all(r == pytest.approx(800, rel=0.05) for r in seen["decode"])
+    assert set(seen["prefill"]) == {0.0}

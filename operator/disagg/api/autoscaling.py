@@ -82,6 +82,12 @@ class QueryOverrides(ApiModel):
         min_length=1,
         description="Mean time between output tokens, seconds (the decode step time).",
     )
+    generation_tokens_rate: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Output tokens the pool generates per second (over the requests reaching "
+        "it: how long outputs are getting).",
+    )
 
 
 class AutoscalingSpec(ApiModel):

@@ -31,6 +31,7 @@ _NAMES: Final = {
     "prompt_tokens_rate": "promptTokensRate",
     "prefill_seconds": "prefillSeconds",
     "tpot_mean": "tpotMean",
+    "generation_tokens_rate": "generationTokensRate",
 }
 
 

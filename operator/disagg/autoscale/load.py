@@ -145,6 +145,17 @@ def feed_forward(
     # replica that arrived after two had drained the backlog.
     rising = memory.demand if pool == "prefill" else memory.arrivals
     headroom = sizing.headroom(rising, memory.provisioning, events, sizes)
+    meets = signals.p99 is not None and signals.p99 <= policy.slo
+    output_trend = 1.0
+    if pool == "decode" and not signals.queue and meets:
+        # Outputs getting longer a little each minute at a steady rate: the running count
+        # swings by a third from one look to the next and hid it; output tokens generated
+        # per request arriving, counted over the window, is steady. Not while the pool
+        # misses its SLO or a queue waits: after an output shift a saturated pool's tokens
+        # per request climb for minutes, and their trend ordered replicas for a rise the
+        # shift had already made.
+        output_trend = sizing.trend(memory.outputs, memory.provisioning)
+        headroom *= output_trend
     if pool == "prefill":
         speed = memory.prefill_speed
         if (
@@ -206,6 +217,9 @@ def feed_forward(
             f"than at the full pool's {signals.tpot_mean * 1000:.0f}ms"
         )
     steady = arriving * headroom
+    outputs = ""
+    if output_trend > 1.001:
+        outputs = f", outputs {output_trend - 1:.1%} longer within {memory.provisioning:.0f}s"
     n = sizing.decode_replicas(sequences, batch)
     # Whether the backlog drains is a question about the coming minutes: the demand as it is
     # now holds the slots it drains into; where the trend leads is what ``steady`` sizes.
@@ -230,7 +244,8 @@ def feed_forward(
     keep, kept_for = decode_keep(sequences, batch, ready, line)
     return Need(
         n,
-        f"{sequences:.0f} sequences (x {headroom:.2f} headroom{slowed}) at {batch:.0f} each "
+        f"{sequences:.0f} sequences (x {headroom:.2f} headroom{outputs}{slowed}) at "
+        f"{batch:.0f} each "
         f"({bound}){detail}",
         keep,
         decode_keep(steady, batch, ready, line)[0],

@@ -103,7 +103,10 @@ class PrometheusSource:
                     self._optional(queries.get(s) if sized else None)
                     for s in ("promptTokensRate", "prefillSeconds")
                 ),
-                self._optional(None if sized else queries.get("tpotMean")),
+                *(
+                    self._optional(None if sized else queries.get(s))
+                    for s in ("tpotMean", "generationTokensRate")
+                ),
             )
             buckets = (
                 await self.vector(queries["prefillBuckets"], label="le")
@@ -115,7 +118,7 @@ class PrometheusSource:
                 f"Prometheus at {self.url} did not answer in {self._timeout}s"
             ) from error
         (p99, _), (rate, _), (queue, _), (running, _), (kv, _), (pods, _), (last, _) = values
-        prompt_tokens, prefill_seconds, tpot_mean = load
+        prompt_tokens, prefill_seconds, tpot_mean, generation_tokens = load
         return Signals(
             p99=p99,
             request_rate=rate,
@@ -128,6 +131,7 @@ class PrometheusSource:
             prefill_seconds=prefill_seconds,
             prefill_buckets=cumulative_buckets(buckets),
             tpot_mean=tpot_mean,
+            generation_tokens_rate=generation_tokens,
         )
 
     async def _optional(self, promql: str | None) -> float | None:

@@ -63,6 +63,8 @@ class Signals:
     tpot_mean: float | None = None
     """Decode: the mean time between output tokens over the window (the inter-token
     latency's sum over its count), seconds: the step time a running sequence sees."""
+    generation_tokens_rate: float | None = None
+    """Decode: output tokens the pool's engines generated per second over the window."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,10 @@ class PoolMemory:
     learned_at: float | None = None
     """When a flap, surge or burst's end last lengthened or renewed the learned look-back, or
     an hour without them last halved it."""
+    outputs: list[tuple[float, float]] = field(default_factory=list)
+    """Decode: (time, output tokens generated per request reaching the pool) over the same
+    span as ``arrivals``: outputs getting longer a little each minute, which neither the
+    arrivals' trend nor the count's jump (lengthening) sees."""
     arrivals: list[tuple[float, float]] = field(default_factory=list)
     """(time, requests per second reaching the pool) of the evaluations of the last two
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
@@ -253,11 +259,17 @@ class PoolMemory:
         held = growing if growing > 0 else self.window_held_change
         return max(0.0, finished + held)
 
-    def note_arrivals(self, now: float, rate: float, window: float) -> None:
-        """Record the requests per second reaching the pool (read over a rate ``window``)."""
+    def note_arrivals(
+        self, now: float, rate: float, window: float, generated: float | None = None
+    ) -> None:
+        """Record the requests per second reaching the pool (read over a rate ``window``) and,
+        for decode, the output tokens it ``generated`` per second over the same window."""
         oldest = now - 2 * self.provisioning - window
         self.arrivals = [sample for sample in self.arrivals if oldest <= sample[0] < now]
         self.arrivals.append((now, rate))
+        self.outputs = [sample for sample in self.outputs if oldest <= sample[0] < now]
+        if generated is not None and rate > 0:
+            self.outputs.append((now, generated / rate))
 
     def _change(self, now: float, window: float) -> tuple[float, float] | None:
         """(arrivals now, their mean one to two provisioning delays ago) when they differ by

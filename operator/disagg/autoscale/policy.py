@@ -5,9 +5,10 @@ from two kinds of evidence. **Load** says how big the pool must be now
 (:mod:`disagg.autoscale.load` and :mod:`disagg.autoscale.sizing`: prefill from arrivals
 and the engines' own prefill times through Erlang C; decode from running sequences and what
 one replica holds), with headroom for where the demand's trend leads over one provisioning
-delay. **Latency** (TTFT p99, inter-token p99) and load gauges (waiting requests, KV-cache
-usage, running requests) catch what the load model misses, and drive alone where there is
-no load estimate yet. The inputs and what the policy remembers are in
+delay (a decode pool's: its arrivals', and while it meets its SLO with no queue, the output
+tokens generated per request). **Latency** (TTFT p99, inter-token p99) and load gauges
+(waiting requests, KV-cache usage, running requests) catch what the load model misses, and
+drive alone where there is no load estimate yet. The inputs and what the policy remembers are in
 :mod:`disagg.autoscale.model`. The rules, each covered by a test:
 
 * **hold** when metrics are missing, stale, NaN, or come from fewer pods than are ready
@@ -192,7 +193,8 @@ def decide_pool(
     if pool == "decode":
         memory.note_lifetime(signals.sampled_at, signals.running, signals.request_rate)
     learn(pool, signals, current, ready, since, policy, behavior, memory, band)
-    memory.note_arrivals(now, memory.arrived(signals.request_rate or 0.0, growing), behavior.window)
+    arrived = memory.arrived(signals.request_rate or 0.0, growing)
+    memory.note_arrivals(now, arrived, behavior.window, signals.generation_tokens_rate)
     look_back = read_look_back(pool, memory, behavior, now)
     if memory.ready_at == now:
         # Replicas that arrived since the last evaluation: the queue grew on the smaller pool

@@ -22,13 +22,15 @@ from typing import Final, Literal
 Signal = Literal[
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
+    "generationTokensRate",
 ]  # fmt: skip
 SIGNALS: Final[tuple[Signal, ...]] = (
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
+    "generationTokensRate",
 )  # fmt: skip
 LOAD_SIGNALS: Final[tuple[Signal, ...]] = (
-    "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
+    "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean", "generationTokensRate",
 )  # fmt: skip
 """Feed-forward sizing's inputs: optional (an engine without them is sized on latency)."""
 
@@ -100,6 +102,7 @@ _TEMPLATES: Final[dict[Signal, str]] = {
     "(rate({prefill_time}_bucket{{$selector{prefill_matcher}}}[$window]))",
     "tpotMean": "sum(rate({itl}_sum{{$selector}}[$window])) / "
     "sum(rate({itl}_count{{$selector}}[$window]))",
+    "generationTokensRate": "sum(rate({generation_tokens}{{$selector}}[$window]))",
 }
 
 
@@ -137,8 +140,10 @@ def build_queries(
     for signal in SIGNALS:
         template = (overrides or {}).get(signal)
         if template is None:
-            if "{prefill_time}" in _TEMPLATES[signal] and names.prefill_time is None:
-                continue  # this engine does not report it; the policy sizes on latency
+            if ("{prefill_time}" in _TEMPLATES[signal] and names.prefill_time is None) or (
+                "{generation_tokens}" in _TEMPLATES[signal] and names.generation_tokens is None
+            ):
+                continue  # this engine does not report it; the policy sizes without it
             template = _TEMPLATES[signal].format(**vars(names))
         queries[signal] = Template(template).safe_substitute(values)
     return queries

@@ -28,6 +28,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Final
 
 from disagg.perf.roofline import (
@@ -87,6 +88,13 @@ class Fleet:
         """Outcomes and arrival times in arrival order: the policy's window is a slice."""
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
+        # (time, output tokens generated so far) per pool at each evaluation: the engines'
+        # generation-token counter, read over the rate window.
+        self._generated: dict[PoolName, int] = {"prefill": 0, "decode": 0}
+        self._generated_seen: dict[PoolName, list[tuple[float, int]]] = {
+            "prefill": [],
+            "decode": [],
+        }
         """(time, prompt tokens) of every request a pool finished, in time order."""
         self.pools = pools_of(config.mode)
         self._backlog = PrefillBacklog()
@@ -225,6 +233,7 @@ class Fleet:
                 if outcome.offloaded:  # its offload slot is free again
                     engine.local_prefills -= 1
             outcome.last_token = self.now
+            self._generated[engine.pool] += max(0, index + 1 - outcome.tokens)
             outcome.tokens = index + 1
         for sim in result.finished:
             owner, outcome = self._owners.pop(id(sim))
@@ -286,7 +295,7 @@ class Fleet:
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
         served = self._served[pool]
-        return pool_stats(
+        stats = pool_stats(
             pool,
             self.config,
             self.now,
@@ -295,6 +304,17 @@ class Fleet:
             [e for e in self.engines if e.pool == pool and e.removed_at is None],
             self._serving(pool),
         )
+        return replace(stats, generation_tokens_rate=self._generation_rate(pool, since))
+
+    def _generation_rate(self, pool: PoolName, since: float) -> float:
+        """Output tokens the pool generated per second since ``since`` (or since the oldest
+        reading after it), as rate() reads the engines' counter."""
+        seen = self._generated_seen[pool]
+        seen.append((self.now, self._generated[pool]))
+        while len(seen) > 1 and seen[1][0] <= since:
+            seen.pop(0)
+        (start, first), (_, last) = seen[0], seen[-1]
+        return (last - first) / max(self.config.interval, self.now - start)
 
     def _scale(self, pool: PoolName, desired: int) -> None:
         low, high = self.config.bounds[pool]

@@ -66,6 +66,7 @@ class SloPolicy:
             prefill_seconds=stats.prefill_seconds,
             prefill_buckets=stats.prefill_buckets,
             tpot_mean=stats.tpot_mean,
+            generation_tokens_rate=stats.generation_tokens_rate,
         )
         share_look_back(self._memory.values())
         decision = decide_pool(
