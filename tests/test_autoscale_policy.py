@@ -440,31 +440,25 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
     assert cumulative_buckets({"bogus": 1.0}) == ()
 
 
-def test_the_decode_step_time_is_the_inter_token_mean_of_either_engine() -> None:
+DECODE_POOL = '{namespace="ns",disagg_model="m",disagg_role="decode"}'
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang"])
+def test_a_decode_pool_reads_its_step_time_and_output_tokens_from_either_engine(
+    backend: str,
+) -> None:
+    queries = build_queries(backend, "ns", "m", "decode", 60)
     # A mean, not a quantile: the histogram's sum over its count is exact at any bucket layout.
-    for backend in ("vllm", "sglang"):
-        query = build_queries(backend, "ns", "m", "decode", 60)["tpotMean"]
-        assert query == (
-            f"sum(rate({backend}:inter_token_latency_seconds_sum"
-            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s])) / '
-            f"sum(rate({backend}:inter_token_latency_seconds_count"
-            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
-        )
-
-
-def test_a_decode_pool_reads_the_output_tokens_either_engine_generates() -> None:
-    for backend in ("vllm", "sglang"):
-        query = build_queries(backend, "ns", "m", "decode", 60)["generationTokensRate"]
-        assert query == (
-            f"sum(rate({backend}:generation_tokens_total"
-            '{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
-        )
+    itl = f"{backend}:inter_token_latency_seconds"
+    assert queries["tpotMean"] == (
+        f"sum(rate({itl}_sum{DECODE_POOL}[60s])) / sum(rate({itl}_count{DECODE_POOL}[60s]))"
+    )
+    generated = f"sum(rate({backend}:generation_tokens_total{DECODE_POOL}[60s]))"
+    assert queries["generationTokensRate"] == generated
     # A spec's own query replaces it, with the selector and window substituted.
     custom = {"generationTokensRate": "sum(rate(my_tokens{$selector}[$window]))"}
-    query = build_queries("vllm", "ns", "m", "decode", 60, custom)["generationTokensRate"]
-    assert (
-        query == 'sum(rate(my_tokens{namespace="ns",disagg_model="m",disagg_role="decode"}[60s]))'
-    )
+    query = build_queries(backend, "ns", "m", "decode", 60, custom)["generationTokensRate"]
+    assert query == f"sum(rate(my_tokens{DECODE_POOL}[60s]))"
 
 
 def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
