@@ -240,7 +240,7 @@ def decide_pool(
     # beyond its tolerance while a backlog drains under a load estimate (inside it, the
     # p99 is the pool's own: counting it out there flapped a diurnal trace).
     # (Compared as the TTFT histogram reads both: in its coarser buckets one prompt of fifty
-    # just over a second alone read as a p99 of 1.7 s, and a pool of two at a fifth busy
+    # just over a second alone read as a p99 of 1.7 s, and a pool of two under a tenth busy
     # never counted as quiet enough to shrink.)
     intrinsic = intrinsic_p99(pool, signals, memory)
     as_read = intrinsic_p99(pool, signals, memory, read_in=buckets)

@@ -88,14 +88,14 @@ class Fleet:
         """Outcomes and arrival times in arrival order: the policy's window is a slice."""
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
-        # (time, output tokens generated so far) per pool at each evaluation: the engines'
-        # generation-token counter, read over the rate window.
+        """(time, prompt tokens) of every request a pool finished, in time order."""
         self._generated: dict[PoolName, int] = {"prefill": 0, "decode": 0}
+        """Output tokens each pool's engines emitted so far: their generation-token counter."""
         self._generated_seen: dict[PoolName, list[tuple[float, int]]] = {
             "prefill": [],
             "decode": [],
         }
-        """(time, prompt tokens) of every request a pool finished, in time order."""
+        """(time, that counter) at the evaluations of the last rate window."""
         self.pools = pools_of(config.mode)
         self._backlog = PrefillBacklog()
         """What the router knows of each prefill engine's queue (for offloading)."""

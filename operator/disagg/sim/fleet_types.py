@@ -42,12 +42,12 @@ class PoolStats:
     ttft_reported: float | None = None
     """The TTFT p99 as Prometheus reads it from vLLM's buckets (what the operator's policy
     sees; ``ttft_p99`` is the exact one)."""
-    generation_tokens_rate: float | None = None
-    """Output tokens the pool's engines generated per second over the rate window."""
     tpot_reported: float | None = None
     """The inter-token latency p99 as Prometheus reads it from vLLM's buckets: every gap
     between two tokens is an observation, so long outputs weigh more than in ``tpot_p99``
     (one mean per request)."""
+    generation_tokens_rate: float | None = None
+    """Output tokens the pool's engines generated per second over the rate window."""
 
 
 def pools_of(mode: Mode) -> tuple[PoolName, ...]:
