@@ -19,7 +19,7 @@ from urllib3.util.retry import Retry
 
 from disagg.autoscale.inputs import clean_buckets
 from disagg.autoscale.policy import Signals
-from disagg.autoscale.queries import Signal
+from disagg.autoscale.queries import DECODE_LOAD, PREFILL_LOAD, Signal
 
 QUERY_TIMEOUT = 5
 
@@ -99,14 +99,8 @@ class PrometheusSource:
             # TPOT-driven one learns its step time.
             sized = latency == "ttftP99"
             load = await asyncio.gather(
-                *(
-                    self._optional(queries.get(s) if sized else None)
-                    for s in ("promptTokensRate", "prefillSeconds")
-                ),
-                *(
-                    self._optional(None if sized else queries.get(s))
-                    for s in ("tpotMean", "generationTokensRate")
-                ),
+                *(self._optional(queries.get(s) if sized else None) for s in PREFILL_LOAD),
+                *(self._optional(None if sized else queries.get(s)) for s in DECODE_LOAD),
             )
             buckets = (
                 await self.vector(queries["prefillBuckets"], label="le")

@@ -29,10 +29,11 @@ SIGNALS: Final[tuple[Signal, ...]] = (
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
     "generationTokensRate",
 )  # fmt: skip
-LOAD_SIGNALS: Final[tuple[Signal, ...]] = (
-    "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean", "generationTokensRate",
-)  # fmt: skip
-"""Feed-forward sizing's inputs: optional (an engine without them is sized on latency)."""
+PREFILL_LOAD: Final[tuple[Signal, ...]] = ("promptTokensRate", "prefillSeconds")
+"""What the TTFT-driven pool is sized from besides ``prefillBuckets`` (optional: an engine
+without them is sized on latency and its queue)."""
+DECODE_LOAD: Final[tuple[Signal, ...]] = ("tpotMean", "generationTokensRate")
+"""What the TPOT-driven pool learns its step time and its outputs' trend from (optional)."""
 
 
 @dataclass(frozen=True)
