@@ -115,6 +115,21 @@ def test_a_draining_backlog_does_not_scale_again_on_a_stale_p99() -> None:
     assert decision.action == "up", decision.reason
 
 
+def test_a_growing_queue_that_orders_replicas_is_named_with_its_drain_time() -> None:
+    # The p99 is half the SLO, but 40 prompts wait (30 more than 15 s ago) and take 2 s to
+    # drain on two replicas at the learned speed, past the 1.7 s the SLO leaves the most
+    # common prompt: the queue orders the replica, and the decision says so in its numbers.
+    memory = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 10.0, None)])
+    decision = decide_pool(
+        "prefill", prefill(1.0, 5.0, queue=40.0), 2, 2, PREFILL, RULES, memory, None, NOW
+    )
+    assert decision.action == "up" and decision.desired == 3, decision.reason
+    assert decision.reason.startswith(
+        "scale up: load ahead of latency: 40 waiting take 2.00s to drain, 1.70s the SLO "
+        "leaves them (TTFT p99 1000ms"
+    ), decision.reason
+
+
 def test_a_pool_over_its_slo_does_not_cancel_replicas_still_starting() -> None:
     # Five ordered, one ready, 40 s of TTFT p99 and a backlog that stopped growing: the p99
     # counts toward no further scale-up (it is what the backlog cost), and the load read on

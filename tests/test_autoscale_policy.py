@@ -169,7 +169,7 @@ CASES = [
         None,
         "up",
         4,
-        "load ahead of latency",
+        "load ahead of latency: 12 waiting, 6.0 per replica (at most 2)",
     ),
     (
         "kv-pressure",
@@ -182,7 +182,7 @@ CASES = [
         None,
         "up",
         3,
-        "load ahead",
+        "load ahead of latency: KV cache 97% used (at most 85%)",
     ),
     (
         "running-pressure",

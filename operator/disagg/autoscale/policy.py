@@ -217,20 +217,36 @@ def decide_pool(
         # drain: the pool serves (and holds) more than arrives, and sizing on that would
         # scale twice for one load.
         need = replace(need, replicas=current)
-    queue_gauge = 0.0
+    # Each gauge as (its value over its target, what it read: named in a scale-up it drives).
+    named: list[tuple[float, str]] = []
     passing = pool == "decode" and in_transit(signals, ready, policy.max_num_seqs)
     if signals.queue and not (fresh and growing <= 0) and not passing:
         if need is not None and need.drain_per_request and need.wait_budget:
             # How long the backlog takes to drain, against what the SLO leaves for waiting.
             drain = signals.queue * need.drain_per_request / replicas
-            queue_gauge = drain / need.wait_budget
+            named.append((drain / need.wait_budget, (
+                f"{signals.queue:.0f} waiting take {drain:.2f}s to drain, "
+                f"{need.wait_budget:.2f}s the SLO leaves them"
+            )))  # fmt: skip
         else:
-            queue_gauge = signals.queue / replicas / QUEUE_PER_REPLICA_TARGET
-    gauges = [queue_gauge] if queue_gauge else []
+            per_replica = signals.queue / replicas
+            named.append((per_replica / QUEUE_PER_REPLICA_TARGET, (
+                f"{signals.queue:.0f} waiting, {per_replica:.1f} per replica "
+                f"(at most {QUEUE_PER_REPLICA_TARGET:g})"
+            )))  # fmt: skip
+    queue_gauge = named[0][0] if named else 0.0
     if pool == "decode" and signals.kv_usage is not None:
-        gauges.append(signals.kv_usage / KV_USAGE_TARGET)
+        named.append((
+            signals.kv_usage / KV_USAGE_TARGET,
+            f"KV cache {signals.kv_usage:.0%} used (at most {KV_USAGE_TARGET:.0%})",
+        ))  # fmt: skip
     if pool == "decode" and signals.running is not None and policy.max_num_seqs:
-        gauges.append(signals.running / replicas / (0.9 * policy.max_num_seqs))
+        slots = 0.9 * policy.max_num_seqs
+        named.append((signals.running / replicas / slots, (
+            f"{signals.running:.0f} running, {signals.running / replicas:.0f} per replica "
+            f"(at most {slots:.0f}, 90% of maxNumSeqs)"
+        )))  # fmt: skip
+    gauges = [value for value, _ in named]
     slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
     # A p99 says nothing about the pool's size when requests that miss at any size are 1% of
     # the traffic (they alone put it there), or when it is no more than the slowest prompts'
@@ -331,7 +347,8 @@ def decide_pool(
         elif latency_counts and latency >= pressure:
             driver = observed
         else:
-            driver = f"load ahead of latency ({observed})"
+            _, read = max(named, key=lambda gauge: gauge[0], default=(0.0, "its gauges"))
+            driver = f"load ahead of latency: {read} ({observed})"
         return decision(desired, "up", f"scale up: {driver}")
     if starting > 0 and (breach or latency > 1 + band):
         # Over the SLO, a p99 that no longer counts toward a scale-up still says the pool has
