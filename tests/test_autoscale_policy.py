@@ -208,7 +208,7 @@ CASES = [
         NOW - 10,
         "hold",
         2,
-        "scale-up cooldown",
+        "in scale-up cooldown, 10s of 30s since the last resize",
     ),
     ("in-band", "decode", sig(0.052), 2, 2, DECODE, None, None, "hold", 2, "within the SLO's 25%"),
     (
@@ -222,7 +222,7 @@ CASES = [
         None,
         "hold",
         4,
-        "stabilizing scale-down",
+        "stabilizing scale-down: 0s of the 300s look-back seen",
     ),
     ("down-stable", "prefill", sig(0.2), 4, 4, PREFILL, "stable-3", None, "down", 3, "scale down"),
     # Every token within vLLM's 10-25 ms bucket reads 24.9 ms, never 20% under a 30 ms SLO;
@@ -376,6 +376,18 @@ def test_scale_down_only_after_the_window_of_steady_recommendations() -> None:
             assert i * 15 >= FAST.down_window
             return
     raise AssertionError("never scaled down")
+
+
+def test_a_held_scale_down_names_the_size_the_look_back_keeps_and_its_age() -> None:
+    # Four were asked for 100 s ago; the pool is quiet now and three would do. The hold says
+    # what it keeps, since when, and what the pool would shrink to: 200 s more of this.
+    memory = stable_memory(3)
+    memory.remember(NOW - 100, 4, 600)
+    decision = decide_pool("prefill", sig(0.2), 4, 4, PREFILL, FAST, memory, None, NOW)
+    assert decision.action == "hold"
+    assert decision.reason.startswith(
+        "stabilizing scale-down: 4 recommended 100s ago (look-back 300s), 3 now (TTFT p99"
+    ), decision.reason
 
 
 def test_budget_goes_to_the_pool_further_over_its_slo() -> None:

@@ -366,14 +366,16 @@ class PoolMemory:
             self.last_down = None
         self.last_up = now
 
-    def window_max(self, now: float, window: float) -> int | None:
-        """The largest sustained recommendation of the last ``window`` seconds; None until
+    def window_peak(self, now: float, window: float) -> tuple[int, float] | None:
+        """The largest sustained recommendation of the last ``window`` seconds and the newest
+        time it was made (the look-back holds it until that is ``window`` old); None until
         the history covers the window."""
         if not self.recommendations:
             return None
         if window > 0 and now - self.recommendations[0][0] < window:
             return None
-        return max(kept for t, _, kept in self.recommendations if now - t <= window)
+        recent = [(kept, t) for t, _, kept in self.recommendations if now - t <= window]
+        return max(recent) if recent else None
 
     def held(
         self, now: float, window: float, *, at_most: int | None = None, at_least: int | None = None

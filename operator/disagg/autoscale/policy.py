@@ -339,7 +339,8 @@ def decide_pool(
         desired = min(policy.max_replicas, current + behavior.up_step, wanted)
         memory.remember(now, desired, horizon, sustained)
         if since < behavior.up_cooldown:
-            return decision(current, "hold", f"in scale-up cooldown ({observed})")
+            cooling = f"{since:.0f}s of {behavior.up_cooldown:.0f}s since the last resize"
+            return decision(current, "hold", f"in scale-up cooldown, {cooling} ({observed})")
         if not memory.held(now, behavior.up_window, at_least=current + 1):
             return decision(current, "hold", f"stabilizing scale-up ({observed})")
         if need is not None and need.replicas >= feedback:
@@ -375,7 +376,7 @@ def decide_pool(
         recommendation = current - 1 if after < DOWN_HEADROOM else current
     recommendation = max(policy.min_replicas, min(current, recommendation))
     memory.remember(now, recommendation, horizon, sustained if quiet else None)
-    target = memory.window_max(now, down_window)
+    peak = memory.window_peak(now, down_window)
     kept_for = need.kept_for if need is not None and quiet else ""
     if recommendation >= current:
         return decision(current, "hold", f"{held} ({observed}){kept_for}")
@@ -386,12 +387,19 @@ def decide_pool(
         return decision(current, "hold", f"{held} ({observed}); arrivals rising: {more} more "
                         f"within {memory.provisioning:.0f}s, not scaling down")  # fmt: skip
     if since < behavior.down_cooldown:
-        return decision(current, "hold", f"in scale-down cooldown ({observed})")
-    if target is None or target >= current:
-        learned = (
-            f" over a learned {down_window:.0f}s" if down_window > behavior.down_window else ""
-        )
-        return decision(current, "hold", f"stabilizing scale-down{learned} ({observed})")
-    desired = max(target, recommendation, current - behavior.down_step)
+        cooling = f"{since:.0f}s of {behavior.down_cooldown:.0f}s since the last resize"
+        return decision(current, "hold", f"in scale-down cooldown, {cooling} ({observed})")
+    if peak is None or peak[0] >= current:
+        learned = down_window > behavior.down_window
+        why = f" over a learned {down_window:.0f}s" if learned else ""
+        if peak is None:
+            seen = now - memory.recommendations[0][0] if memory.recommendations else 0.0
+            why += f": {seen:.0f}s of the {down_window:.0f}s look-back seen"
+        else:
+            held_for = "" if learned else f" (look-back {down_window:.0f}s)"
+            why += f": {peak[0]} recommended {now - peak[1]:.0f}s ago{held_for}"
+            why += f", {recommendation} now"
+        return decision(current, "hold", f"stabilizing scale-down{why} ({observed})")
+    desired = max(peak[0], recommendation, current - behavior.down_step)
     sized = f"; load needs {need.replicas}: {need.why}{kept_for}" if need and not idle else ""
     return decision(desired, "down", f"scale down: {observed}{sized}")
