@@ -177,6 +177,21 @@ def decode_timeline(
     return resizes, decisions, memory
 
 
+def test_traffic_that_stops_for_a_whole_look_back_gives_the_burst_back_sooner() -> None:
+    # A burst ends and nothing more arrives. A burst's end holds 900 s (the pause before
+    # the next burst), but a pool idle for the spec's whole 300 s look-back has seen traffic
+    # stop: it shrinks then, and says why.
+    resizes, _, _ = decode_timeline([8.0] * 4 + [30.0] * 12 + [0.0] * 100)
+    downs = [(t, d) for t, _, d in resizes if d.action == "down"]
+    assert downs and downs[0][0] == 15 * 16 + RULES.down_window, resizes
+    assert downs[0][1].reason == (
+        "scale down: idle; idle 300s, so the spec's 300s look-back and not the learned 900s"
+    )
+    # A pause shorter than that is between bursts: the learned look-back holds through it.
+    resizes, _, _ = decode_timeline([8.0] * 4 + [30.0] * 12 + [0.0] * 13 + [30.0] * 12)
+    assert [d.action for _, _, d in resizes] == ["up"], resizes
+
+
 def test_a_burst_that_ends_is_held_for_three_look_backs_even_if_it_came_too_early_to_read() -> None:
     # A 3-minute burst one minute into the pool's life: too early for the history to tell a
     # surge from traffic starting, so it grows the pool on the configured look-back. When it

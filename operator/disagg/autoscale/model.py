@@ -170,6 +170,9 @@ class PoolMemory:
     learned_at: float | None = None
     """When a flap, surge or burst's end last lengthened or renewed the learned look-back, or
     an hour without them last halved it."""
+    idle_since: float | None = None
+    """When the pool last went idle (no request arriving, waiting or running); None while it
+    serves."""
     outputs: list[tuple[float, float]] = field(default_factory=list)
     """Decode: (time, output tokens generated per request reaching the pool) over the same
     span as ``arrivals``: outputs getting longer a little each minute, which neither the
@@ -365,6 +368,15 @@ class PoolMemory:
             self.learned_at = now
             self.last_down = None
         self.last_up = now
+
+    def idle_for(self, now: float, idle: bool) -> float:
+        """Note whether the pool is idle now; seconds it has been idle since (0 if not)."""
+        if not idle:
+            self.idle_since = None
+            return 0.0
+        if self.idle_since is None or self.idle_since > now:
+            self.idle_since = now
+        return now - self.idle_since
 
     def window_peak(self, now: float, window: float) -> tuple[int, float] | None:
         """The largest sustained recommendation of the last ``window`` seconds and the newest

@@ -43,7 +43,8 @@ drive alone where there is no load estimate yet. The inputs and what the policy 
   size the load fills to at most 80% that would still meet the SLO were the load one estimate
   error above what it reads (a size it only just fits is one the next fluctuation scales
   back up); without a load estimate, only when one replica fewer would still meet the
-  SLO; an idle pool (no requests at all) goes down to its minimum;
+  SLO; an idle pool (no requests at all) goes down to its minimum, on the spec's look-back
+  once it has been idle that long (traffic stopped: bursts have traffic between them);
 * **unreachable**: prompts whose prefill alone exceeds the TTFT SLO (or a decode step that
   misses TPOT with almost nothing batched) miss at any size; they do not drive scaling, and
   the decision says which share of requests it is and which TP degree would serve them; a
@@ -65,7 +66,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
-from disagg.autoscale.decode import KV_USAGE_TARGET, in_transit
+from disagg.autoscale.decode import in_transit
+from disagg.autoscale.gauges import loudest, read_gauges
 from disagg.autoscale.inputs import accepted
 from disagg.autoscale.latency import MIN_TOLERANCE, surely_over, surely_under, tolerance
 from disagg.autoscale.load import (
@@ -106,7 +108,6 @@ __all__ = [
 
 Action = Literal["up", "down", "hold"]
 
-QUEUE_PER_REPLICA_TARGET: Final = 2.0
 INVALID_MARK: Final = "metrics invalid"
 """How a hold on values no engine reports begins: status and Events tell it by this."""
 UNREACHABLE_P99: Final = 0.01
@@ -217,35 +218,9 @@ def decide_pool(
         # drain: the pool serves (and holds) more than arrives, and sizing on that would
         # scale twice for one load.
         need = replace(need, replicas=current)
-    # Each gauge as (its value over its target, what it read: named in a scale-up it drives).
-    named: list[tuple[float, str]] = []
     passing = pool == "decode" and in_transit(signals, ready, policy.max_num_seqs)
-    if signals.queue and not (fresh and growing <= 0) and not passing:
-        if need is not None and need.drain_per_request and need.wait_budget:
-            # How long the backlog takes to drain, against what the SLO leaves for waiting.
-            drain = signals.queue * need.drain_per_request / replicas
-            named.append((drain / need.wait_budget, (
-                f"{signals.queue:.0f} waiting take {drain:.2f}s to drain, "
-                f"{need.wait_budget:.2f}s the SLO leaves them"
-            )))  # fmt: skip
-        else:
-            per_replica = signals.queue / replicas
-            named.append((per_replica / QUEUE_PER_REPLICA_TARGET, (
-                f"{signals.queue:.0f} waiting, {per_replica:.1f} per replica "
-                f"(at most {QUEUE_PER_REPLICA_TARGET:g})"
-            )))  # fmt: skip
-    queue_gauge = named[0][0] if named else 0.0
-    if pool == "decode" and signals.kv_usage is not None:
-        named.append((
-            signals.kv_usage / KV_USAGE_TARGET,
-            f"KV cache {signals.kv_usage:.0%} used (at most {KV_USAGE_TARGET:.0%})",
-        ))  # fmt: skip
-    if pool == "decode" and signals.running is not None and policy.max_num_seqs:
-        slots = 0.9 * policy.max_num_seqs
-        named.append((signals.running / replicas / slots, (
-            f"{signals.running:.0f} running, {signals.running / replicas:.0f} per replica "
-            f"(at most {slots:.0f}, 90% of maxNumSeqs)"
-        )))  # fmt: skip
+    queue_counts = not (fresh and growing <= 0) and not passing
+    queue_gauge, named = read_gauges(pool, signals, policy, need, replicas, queue_counts)
     gauges = [value for value, _ in named]
     slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
     # A p99 says nothing about the pool's size when requests that miss at any size are 1% of
@@ -321,6 +296,15 @@ def decide_pool(
     sustained = None if need is None else max(policy.min_replicas, need.sustained)
     down_window = max(behavior.down_window, memory.down_window)
     horizon = 2 * max(behavior.up_window, down_window) + 60
+    # A pool idle for the spec's whole look-back has seen traffic stop, not a pause between
+    # bursts (traffic goes on between them): the learned look-back waits for the next burst.
+    idle_for = memory.idle_for(now, idle)
+    if down_window > behavior.down_window and idle_for >= behavior.down_window:
+        stopped = f"; idle {idle_for:.0f}s, so the spec's {behavior.down_window:.0f}s look-back"
+        stopped += f" and not the learned {down_window:.0f}s"
+        down_window = behavior.down_window
+    else:
+        stopped = ""
     starting = current - ready
     feedback = 0
     if breach:
@@ -348,8 +332,7 @@ def decide_pool(
         elif latency_counts and latency >= pressure:
             driver = observed
         else:
-            _, read = max(named, key=lambda gauge: gauge[0], default=(0.0, "its gauges"))
-            driver = f"load ahead of latency: {read} ({observed})"
+            driver = f"load ahead of latency: {loudest(named)} ({observed})"
         return decision(desired, "up", f"scale up: {driver}")
     if starting > 0 and (breach or latency > 1 + band):
         # Over the SLO, a p99 that no longer counts toward a scale-up still says the pool has
@@ -402,4 +385,4 @@ def decide_pool(
         return decision(current, "hold", f"stabilizing scale-down{why} ({observed})")
     desired = max(peak[0], recommendation, current - behavior.down_step)
     sized = f"; load needs {need.replicas}: {need.why}{kept_for}" if need and not idle else ""
-    return decision(desired, "down", f"scale down: {observed}{sized}")
+    return decision(desired, "down", f"scale down: {observed}{sized}{stopped}")
