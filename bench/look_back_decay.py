@@ -1,7 +1,7 @@
 """What forgetting a learned scale-down look-back does over hours, in the fleet simulator.
 
 A look-back lengthened by a flap, a surge or a burst's end halves after an hour with none of
-them (`LOOK_BACK_MEMORY` in `disagg.autoscale.model`). The compare bench's traces last an hour
+them (`LOOK_BACK_MEMORY` in `disagg.autoscale.memory`). The compare bench's traces last an hour
 at most, so this runs the bursty-code deployment for three hours, two ways: bursts for the
 first 30 minutes, then calm traffic that dips slowly to 40% and back (the look-back should be
 forgotten), and bursts all along (each one renews it). Per trace and seed it prints ours'
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from traces import bursty_code
 
-import disagg.autoscale.model as autoscale_model
+import disagg.autoscale.memory as autoscale_memory
 from disagg.sim.fleet import simulate
 from disagg.sim.results import flaps
 from disagg.sim.scenario import build
@@ -35,7 +35,7 @@ def _run(shape: str, seed: int, forget: bool) -> tuple[float, float, int]:
     """(attainment, GPU-hours, flaps) of ours on one trace; runs in a worker of its own."""
     if not forget:
         # The policy has no setting for it: a worker that keeps its look-back for good.
-        autoscale_model.LOOK_BACK_MEMORY = math.inf  # type: ignore[misc]
+        autoscale_memory.LOOK_BACK_MEMORY = math.inf  # type: ignore[misc]
     scenario, requests = bursty_code(seed, hours=3.0, bursty_minutes=SHAPES[shape])
     scenario = dataclasses.replace(
         scenario, policy="ours", prefill_replicas=1, decode_replicas=1, provisioning_delay=120.0

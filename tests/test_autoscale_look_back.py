@@ -10,7 +10,7 @@ import re
 import pytest
 
 from disagg.autoscale.look_back import share_look_back
-from disagg.autoscale.model import LOOK_BACK_MEMORY
+from disagg.autoscale.memory import LOOK_BACK_MEMORY
 from disagg.autoscale.policy import Decision, PoolMemory, decide_pool
 from test_autoscale_load import DECODE, NOW, PREFILL, RULES, decode, prefill
 

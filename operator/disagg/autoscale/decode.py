@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from disagg.autoscale import sizing
-from disagg.autoscale.model import LIFETIME_SAMPLES, PoolMemory, PoolPolicy, Signals
+from disagg.autoscale.memory import LIFETIME_SAMPLES, PoolMemory
+from disagg.autoscale.model import PoolPolicy, Signals
 from disagg.autoscale.sizing import DOWN_HEADROOM
 
 KV_USAGE_TARGET: Final = 0.85

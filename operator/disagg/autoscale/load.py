@@ -23,13 +23,8 @@ from disagg.autoscale.decode import (
     saturated_speedup,
     sized_step,
 )
-from disagg.autoscale.model import (
-    Behavior,
-    PoolMemory,
-    PoolName,
-    PoolPolicy,
-    Signals,
-)
+from disagg.autoscale.memory import PoolMemory
+from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, Signals
 from disagg.autoscale.sizing import DOWN_HEADROOM
 
 UNREACHABLE_REPORT: Final = 0.001

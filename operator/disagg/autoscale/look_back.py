@@ -1,6 +1,6 @@
 """What a pool's scale-down look-back learns at each evaluation, says and shares (pure).
 
-The look-back itself lives in :class:`~disagg.autoscale.model.PoolMemory` (learned from
+The look-back itself lives in :class:`~disagg.autoscale.memory.PoolMemory` (learned from
 flaps, surges and bursts' ends, forgotten an hour after the last of them); this module reads
 the surge and the burst's end of one evaluation into it, shares it between the pools of a
 model and words what changed it for the decision's reason.
@@ -12,7 +12,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from disagg.autoscale.model import LOOK_BACK_MEMORY, Behavior, PoolMemory, PoolName
+from disagg.autoscale.memory import LOOK_BACK_MEMORY, PoolMemory
+from disagg.autoscale.model import Behavior, PoolName
 
 __all__ = ["LookBackReading", "read_look_back", "share_look_back"]
 

@@ -8,8 +8,8 @@ one replica holds), with headroom for where the demand's trend leads over one pr
 delay (a decode pool's: its arrivals', and while it meets its SLO with no queue, the output
 tokens generated per request). **Latency** (TTFT p99, inter-token p99) and load gauges
 (waiting requests, KV-cache usage, running requests) catch what the load model misses, and
-drive alone where there is no load estimate yet. The inputs and what the policy remembers are in
-:mod:`disagg.autoscale.model`. The rules, each covered by a test:
+drive alone where there is no load estimate yet. The inputs are in :mod:`disagg.autoscale.model`,
+what the policy remembers in :mod:`disagg.autoscale.memory`. The rules, each covered by a test:
 
 * **hold** when metrics are missing, stale, NaN, or come from fewer pods than are ready
   (no data is never read as idle), or are values no engine reports (negative, infinite, a
@@ -79,14 +79,8 @@ from disagg.autoscale.load import (
     unreachable,
 )
 from disagg.autoscale.look_back import read_look_back, share_look_back
-from disagg.autoscale.model import (
-    Behavior,
-    PoolMemory,
-    PoolName,
-    PoolPolicy,
-    ScaledPool,
-    Signals,
-)
+from disagg.autoscale.memory import PoolMemory
+from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, ScaledPool, Signals
 from disagg.autoscale.sizing import DOWN_HEADROOM, trend
 from disagg.perf.buckets import LATENCY_BUCKETS
 
