@@ -452,6 +452,21 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
     assert cumulative_buckets({"bogus": 1.0}) == ()
 
 
+def test_an_engine_without_a_metric_gets_no_query_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from disagg.autoscale import queries
+
+    # An engine version without the prefill-phase histogram or the output-token counter: the
+    # signals built on them are left out (the policy sizes without them), the rest stay.
+    lacking = replace(queries.VLLM, prefill_time=None, generation_tokens=None)
+    monkeypatch.setattr(queries, "VLLM", lacking)
+    built = build_queries("vllm", "ns", "m", "decode", 60)
+    gone = {"prefillSeconds", "prefillBuckets", "generationTokensRate"}
+    assert gone.isdisjoint(built) and set(built) == set(queries.SIGNALS) - gone
+    # A query override for one of them is the user's, and stays.
+    custom = build_queries("vllm", "ns", "m", "decode", 60, {"generationTokensRate": "g"})
+    assert custom["generationTokensRate"] == "g"
+
+
 DECODE_POOL = '{namespace="ns",disagg_model="m",disagg_role="decode"}'
 
 

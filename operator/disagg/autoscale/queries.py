@@ -137,14 +137,14 @@ def build_queries(
         "selector": pool_selector(namespace, model, role),
         "window": prometheus_duration(window_seconds),
     }
+    missing = [name for name, metric in vars(names).items() if metric is None]
     queries: dict[Signal, str] = {}
     for signal in SIGNALS:
         template = (overrides or {}).get(signal)
         if template is None:
-            if ("{prefill_time}" in _TEMPLATES[signal] and names.prefill_time is None) or (
-                "{generation_tokens}" in _TEMPLATES[signal] and names.generation_tokens is None
-            ):
+            default = _TEMPLATES[signal]
+            if any(f"{{{name}}}" in default for name in missing):
                 continue  # this engine does not report it; the policy sizes without it
-            template = _TEMPLATES[signal].format(**vars(names))
+            template = default.format(**vars(names))
         queries[signal] = Template(template).safe_substitute(values)
     return queries
