@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import pytest
 
+from disagg.autoscale import sizing
 from disagg.autoscale.latency import tolerance
-from disagg.autoscale.load import coming_backlog, pool_demand
+from disagg.autoscale.load import coming_backlog, pool_demand, prefill_floor
 from disagg.autoscale.policy import (
     Behavior,
     PoolMemory,
@@ -298,6 +299,48 @@ def test_a_p99_is_compared_with_the_prompts_own_prefill_as_its_own_buckets_read_
     assert run_prefill(0.9, 2, 600, p99=2.0, prefill_buckets=ONE_SLOW_PROMPT) == []
 
 
+def test_a_pool_keeps_room_for_the_slowest_prompts_a_minute_saw_few_of() -> None:
+    # 2% of the prompts may not wait at all. At 1.5 req/s a minute holds 90 prompts, about two
+    # of those: the next minute may bring four. Read as exact, the share lets one replica
+    # serve even with the load's own error on top; one error more on the share keeps two.
+    budgets = [(0.98, 1.5), (0.02, 0.0)]
+    noisy = 1.5 * sizing.noise(90)
+    assert sizing.prefill_replicas(noisy, 0.2, budgets) == 1
+    assert prefill_floor(1.5, 0.2, budgets, 10, events=90, spread=0.0) == 2
+    # Counted over a long time the share is what it reads.
+    assert prefill_floor(1.5, 0.2, budgets, 10, events=1e9, spread=0.0) == 1
+
+
+# 5% of the prompts take 2-5 s of prefill alone: they miss a 2 s TTFT SLO at any size.
+UNREACHABLE_PROMPTS = (
+    (0.5, 90.0), (1.0, 95.0), (2.0, 95.0), (5.0, 100.0), (float("inf"), 100.0),
+)  # fmt: skip
+
+
+def test_prompts_that_miss_at_any_size_leave_the_others_latency_read() -> None:
+    def decide(**extra: object) -> str:
+        # A few prompts waiting, more than 15 s ago: the p99 is not a drained backlog's.
+        signals = prefill(4.0, 1.0, prefill_buckets=UNREACHABLE_PROMPTS, queue=5.0, **extra)
+        memory = PoolMemory(prefill_speed=10_000, queues=[(NOW - 15, 2.0, None)])
+        decision = decide_pool("prefill", signals, 2, 2, PREFILL, RULES, memory, NOW - 900, NOW)
+        assert decision.unreachable is not None and "5.0% of prompts" in decision.unreachable
+        return f"{decision.action} {decision.reason}"
+
+    # Without the TTFT histogram, the p99 is theirs and says nothing of the pool's size.
+    alone = decide()
+    assert alone.startswith("hold ") and "TTFT p99 4000ms" in alone, alone
+    # With it, the p99 of the other 95% is its 94th percentile. Here a tenth of all prompts
+    # wait past 2.5 s: the others queue, and the pool grows.
+    waiting = ((0.5, 80.0), (1.0, 85.0), (2.5, 90.0), (5.0, 100.0), (float("inf"), 100.0))
+    grown = decide(ttft_buckets=waiting)
+    assert grown.startswith("up "), grown
+    assert "TTFT p94 3512ms vs SLO 2000ms, the p99 of the 95% of prompts that can meet it" in grown
+    # Where only the unreachable ones are slow, the others' p99 is under a second.
+    served = ((0.5, 85.0), (1.0, 95.0), (2.5, 95.0), (5.0, 100.0), (float("inf"), 100.0))
+    held = decide(ttft_buckets=served)
+    assert held.startswith("hold ") and "TTFT p94 952ms vs SLO 2000ms" in held, held
+
+
 def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:
     # 200 prompts wait, 10 more per second, each costs 0.05 s of the pool's time: 10 s to
     # drain, far past the 1.7 s they may wait. Replicas ordered now serve in 120 s, when
@@ -443,9 +486,10 @@ def test_a_prefill_pool_held_within_its_slo_says_what_one_replica_fewer_would_fa
         "; on 1, 91% busy at 10000 tokens/s (at most 80%) and 15.6% of prompts waiting past "
         "what the SLO leaves them at 10000 tokens/s (at most 1.0%)"
     )
-    # Where only the wait check with one estimate error binds, it says that.
+    # Where only the wait check with one estimate error binds, it says that (the load and
+    # each budget's share of prompts one error higher).
     assert hold(6.5).endswith(
-        "; on 1, 1.24% of prompts waiting past what the SLO leaves them with one estimate "
+        "; on 1, 1.33% of prompts waiting past what the SLO leaves them with one estimate "
         "error more load (at most 1.0%)"
     )
 

@@ -430,6 +430,11 @@ def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one(
         '{namespace="ns",disagg_model="m",disagg_role="prefill"}[120s]))'
     )
     assert "vllm:prompt_tokens_total" in vllm["promptTokensRate"]
+    # The TTFT histogram itself, for the p99 of the prompts that can meet the SLO.
+    assert vllm["ttftBuckets"] == (
+        "sum by (le) (rate(vllm:time_to_first_token_seconds_bucket"
+        '{namespace="ns",disagg_model="m",disagg_role="prefill"}[120s]))'
+    )
     assert "_sum" in vllm["prefillSeconds"] and "_count" in vllm["prefillSeconds"]
     # SGLang times every request stage in one histogram: the prefill phase is one stage.
     sglang = build_queries("sglang", "ns", "m", "prefill", 60)

@@ -67,6 +67,21 @@ def test_wait_budgets_leave_out_prompts_that_miss_at_any_size() -> None:
     assert sizing.wait_budgets(3.0, (), 0.5) == [(1.0, 2.0)]
 
 
+def test_prompts_in_the_bucket_that_holds_the_slo_spread_their_budgets_over_it() -> None:
+    # 4.5% of the prompts take 1-3 s alone: the 1-5 s bucket's share under the 3 s SLO, read
+    # as if spread evenly over the bucket. Counted all at 3 s they had no budget at all (a
+    # 70B pool held a replica more than the bimodal traffic needed); spread as that share
+    # is, a quarter of them each may wait 1.5, 1, 0.5 and 0 s.
+    straddling = sizing.wait_budgets(3.0, BUCKETS, 0.5)[2:]
+    assert [budget for _, budget in straddling] == pytest.approx([1.5, 1.0, 0.5, 0.0])
+    assert [share for share, _ in straddling] == pytest.approx([0.045 / 4] * 4)
+    # A bucket whose top is the SLO is counted at its top, as before.
+    assert sizing.wait_budgets(1.0, BUCKETS, 0.5) == [
+        (pytest.approx(0.5), pytest.approx(0.5)),
+        (pytest.approx(0.4), pytest.approx(0.0)),
+    ]
+
+
 def test_trend_extrapolates_a_steady_rise_and_ignores_flat_or_falling_demand() -> None:
     rising = [(t, 10 + 0.05 * t) for t in range(0, 241, 15)]  # +6 req/s per 120 s
     assert sizing.trend(rising, 120) == pytest.approx((22 + 6) / 22, rel=0.01)

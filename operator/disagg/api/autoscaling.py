@@ -77,6 +77,12 @@ class QueryOverrides(ApiModel):
         min_length=1,
         description="Prefill-phase time histogram: an instant vector of bucket rates by le.",
     )
+    ttft_buckets: str | None = Field(
+        default=None,
+        min_length=1,
+        description="TTFT histogram: an instant vector of bucket rates by le (read at a lower "
+        "quantile than the p99 when some prompts miss the SLO at any size).",
+    )
     tpot_mean: str | None = Field(
         default=None,
         min_length=1,

@@ -6,7 +6,8 @@ value no engine reports: negative, infinite, a KV-cache usage in percent instead
 fraction. The policy holds on those (saying which value, where it came from) rather than
 scale on them. A prefill-time histogram is repaired where the repair is certain (the same
 bound spelled twice, ``le="1"`` and ``le="1.0"`` from engines of two versions, is summed)
-and otherwise left out: sizing then assumes every prompt at twice the mean.
+and otherwise left out: sizing then assumes every prompt at twice the mean (and the TTFT
+histogram's, the p99 alone).
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ _NAMES: Final = {
 }
 
 
+_HISTOGRAMS: Final = ("prefill_buckets", "ttft_buckets")
+
+
 def invalid(signals: Signals) -> str | None:
     """What is wrong with the first value no engine reports (named as in
     ``spec.autoscaling.queries``), or None."""
     for field in fields(Signals):
         value = getattr(signals, field.name)
-        if field.name == "prefill_buckets" or value is None:
+        if field.name in _HISTOGRAMS or value is None:
             continue
         name = _NAMES[field.name]
         if not math.isfinite(value) or value < 0:
@@ -69,9 +73,9 @@ def clean_buckets(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float
 
 
 def accepted(signals: Signals) -> tuple[Signals, str | None]:
-    """The signals with their histogram cleaned, and what makes them unusable (or None)."""
+    """The signals with their histograms cleaned, and what makes them unusable (or None)."""
     problem = invalid(signals)
-    cleaned = clean_buckets(signals.prefill_buckets)
-    if cleaned != signals.prefill_buckets:
-        signals = replace(signals, prefill_buckets=cleaned)
+    prefill, ttft = clean_buckets(signals.prefill_buckets), clean_buckets(signals.ttft_buckets)
+    if (prefill, ttft) != (signals.prefill_buckets, signals.ttft_buckets):
+        signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft)
     return signals, problem

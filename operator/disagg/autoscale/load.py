@@ -9,7 +9,6 @@ numbers it used.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,18 +24,12 @@ from disagg.autoscale.decode import (
 )
 from disagg.autoscale.memory import PoolMemory
 from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, Signals
+from disagg.autoscale.reach import LONE_SEQUENCES, prefill_alone
 from disagg.autoscale.sizing import DOWN_HEADROOM
 
-UNREACHABLE_REPORT: Final = 0.001
-"""Report requests that cannot meet the SLO at any size once they are 0.1% of the traffic."""
-UNREACHABLE_MARK: Final = "at any size"
-"""Every unreachable message says so: how status tells a new finding from a repeated one."""
 BATCHED_MIX: Final = 1.5
 """A batched prefill speed orders replicas only for prompts at most this much longer, on
 the mean, than those it was read on (a wave of long prompts batches less)."""
-LONE_SEQUENCES: Final = 2
-"""Sequences per decode replica at or below which a missed TPOT is the step itself (or a
-stall), not the batch: it says nothing about how many sequences a replica holds."""
 
 
 @dataclass(frozen=True)
@@ -68,17 +61,30 @@ def prefill_floor(
     spread: float,
 ) -> int:  # fmt: skip
     """The fewest prefill replicas a scale-down may leave for these arrivals: kept busy at
-    most DOWN_HEADROOM of the time, and meeting the wait target were the load one estimate
-    error above what it reads. Read from ``events`` prompts whose sizes have squared
-    coefficient of variation ``spread``, the count is off by about 1/sqrt(events) and their
-    mean size by sqrt(spread/events); the mean size sets how long each prompt waits behind
-    another as well as the load, so its error is taken on the service time, not the rate
-    (a window that happened to see short prompts had shrunk a pool the next one grew back)."""
+    most DOWN_HEADROOM of the time, and meeting the wait target were the load, and each
+    budget's share of prompts, one estimate error above what it reads. Read from ``events``
+    prompts whose sizes have squared coefficient of variation ``spread``, the count is off
+    by about 1/sqrt(events) and their mean size by sqrt(spread/events); the mean size sets
+    how long each prompt waits behind another as well as the load, so its error is taken on
+    the service time, not the rate (a window that happened to see short prompts had shrunk a
+    pool the next one grew back)."""
     longer = one_error_longer(service, events, spread)
     erlangs = arrival_rate * longer
     busy = math.ceil(erlangs / DOWN_HEADROOM - 1e-9) if erlangs > 0 else 0
     arrivals = arrival_rate * sizing.noise(events)
-    return max(sizing.prefill_replicas(arrivals, longer, budgets, limit), busy)
+    reachable = sum(share for share, _ in budgets) or 1.0
+    uncertain = one_error_more(budgets, events)
+    return max(sizing.prefill_replicas(arrivals, longer, uncertain, limit, reachable), busy)
+
+
+def one_error_more(budgets: sizing.Budgets, events: float) -> sizing.Budgets:
+    """Each budget's share of prompts one error higher: read from ``events`` prompts, a share
+    ``s`` is off by about sqrt(s/events) (Poisson in the count). The few prompts with next
+    to no budget decide the wait target, and a minute sees one or two of them, or seven: on
+    bimodal 70B traffic (8% of prompts of 15-28k tokens) a minute that saw one had shrunk a
+    pool that the next minute's seven grew back."""
+    counted = max(1.0, events)
+    return [(share + math.sqrt(share / counted), budget) for share, budget in budgets]
 
 
 def one_error_longer(service: float, events: float, spread: float) -> float:
@@ -103,14 +109,20 @@ def one_fewer(
         said.append(f"{busy:.0%} busy at {cautious:.0f} tokens/s (at most {DOWN_HEADROOM:.0%})")
     reachable = sum(share for share, _ in budgets) or 1.0
     waits = (
-        (arrival_rate * prompt / busy_speed, prompt / busy_speed, f"at {busy_speed:.0f} tokens/s"),
-        (arrival_rate * sizing.noise(events) * longer, longer, "with one estimate error more load"),
-    )
-    for work, each, how in waits:
+        (
+            arrival_rate * prompt / busy_speed, prompt / busy_speed, budgets,
+            f"at {busy_speed:.0f} tokens/s",
+        ),
+        (
+            arrival_rate * sizing.noise(events) * longer, longer,
+            one_error_more(budgets, events), "with one estimate error more load",
+        ),
+    )  # fmt: skip
+    for work, each, shares, how in waits:
         if work >= fewer:
             said.append(f"more work than {fewer} serve {how}")
             break
-        late = sizing.late_share(fewer, work, each, budgets) / reachable
+        late = sizing.late_share(fewer, work, each, shares) / reachable
         if late > sizing.WAIT_TARGET:
             said.append(
                 f"{late * 100:.3g}% of prompts waiting past what the SLO leaves them {how} "
@@ -264,70 +276,6 @@ def coming_backlog(
         # Replicas already starting serve sooner, and stop the growth then if they suffice.
         horizon -= min(horizon, max(0.0, signals.sampled_at - memory.starting_since))
     return queue + growing * horizon
-
-
-def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, float], ...]:
-    """The prefill-time histogram as if each prompt were computed alone.
-
-    Under load a prompt's prefill phase includes the prompts batched into its steps; the
-    learned speed says how long the mean prompt takes alone, and every bucket is scaled by
-    the same factor (never up)."""
-    rate, tokens, observed = (
-        signals.request_rate,
-        signals.prompt_tokens_rate,
-        signals.prefill_seconds,
-    )
-    if not memory.prefill_speed or not rate or not tokens or not observed:
-        return signals.prefill_buckets
-    alone = min(1.0, tokens / rate / memory.prefill_speed / observed)
-    return tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
-
-
-def unreachable(
-    pool: PoolName, signals: Signals, ready: int, policy: PoolPolicy, memory: PoolMemory,
-    band: float,
-) -> tuple[float, str] | None:  # fmt: skip
-    """(share, message) of requests that miss the SLO at any size on this TP degree."""
-    tp = policy.tensor_parallel
-    if pool == "prefill":
-        # Prompts slow only because they were batched with others are a load problem, not
-        # this: judge each prompt by its time alone.
-        buckets = prefill_alone(signals, memory)
-        share = sizing.share_above(buckets, policy.slo)
-        if share < UNREACHABLE_REPORT:
-            return None
-        slowest = sizing.quantile(buckets, 1 - min(share, 0.01) / 10)
-        slow = slowest if slowest is not None else policy.slo
-        return share, (
-            f"{share:.1%} of prompts take longer than the {policy.slo:g}s TTFT SLO in prefill "
-            f"alone on TP{tp} (up to {slow:.1f}s), so they miss it {UNREACHABLE_MARK}; "
-            f"TP{sizing.tp_to_meet(tp, slow, policy.slo)} would serve them"
-        )
-    if signals.p99 is None or signals.running is None or ready == 0:
-        return None
-    if signals.p99 > policy.slo * (1 + band) and signals.running / ready <= LONE_SEQUENCES:
-        return 1.0, (
-            f"TPOT p99 {signals.p99 * 1000:.0f}ms with at most {LONE_SEQUENCES} sequences per "
-            "replica: the "
-            f"decode step alone misses the {policy.slo * 1000:g}ms SLO on TP{tp} "
-            f"{UNREACHABLE_MARK}; TP{sizing.tp_to_meet(tp, signals.p99, policy.slo)} would meet it"
-        )
-    return None
-
-
-def intrinsic_p99(
-    pool: PoolName, signals: Signals, memory: PoolMemory, read_in: Sequence[float] = ()
-) -> float | None:
-    """Prefill: the 99th percentile of the prompts' own prefill times (each as if computed
-    alone), seconds: a TTFT p99 no pool size brings lower. With ``read_in``, the TTFT
-    histogram's bounds, as that histogram would read it: its buckets are coarser, and one
-    prompt of fifty at 1.1 s alone reads as a p99 of 1.23 s in the prefill-time
-    histogram's (1, 1.5] but 1.7 s in vLLM's TTFT bucket (1, 2.5]. None for decode, or
-    without a histogram."""
-    if pool != "prefill":
-        return None
-    alone = prefill_alone(signals, memory)
-    return sizing.quantile(sizing.rebucket(alone, read_in) if read_in else alone, 0.99)
 
 
 def learn(

@@ -102,10 +102,11 @@ class PrometheusSource:
                 *(self._optional(queries.get(s) if sized else None) for s in PREFILL_LOAD),
                 *(self._optional(None if sized else queries.get(s)) for s in DECODE_LOAD),
             )
-            buckets = (
-                await self.vector(queries["prefillBuckets"], label="le")
-                if sized and "prefillBuckets" in queries
-                else {}
+            buckets, ttft_buckets = await asyncio.gather(
+                *(
+                    self.vector(queries[s], label="le") if sized and s in queries else _nothing()
+                    for s in ("prefillBuckets", "ttftBuckets")
+                )
             )
         except TimeoutError as error:
             raise MetricsUnavailable(
@@ -124,12 +125,17 @@ class PrometheusSource:
             prompt_tokens_rate=prompt_tokens,
             prefill_seconds=prefill_seconds,
             prefill_buckets=cumulative_buckets(buckets),
+            ttft_buckets=cumulative_buckets(ttft_buckets),
             tpot_mean=tpot_mean,
             generation_tokens_rate=generation_tokens,
         )
 
     async def _optional(self, promql: str | None) -> float | None:
         return None if promql is None else (await self.query(promql))[0]
+
+
+async def _nothing() -> dict[str, float]:
+    return {}
 
 
 def cumulative_buckets(by_le: dict[str, float]) -> tuple[tuple[float, float], ...]:

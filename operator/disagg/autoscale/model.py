@@ -34,6 +34,9 @@ class Signals:
     """Mean prefill-phase time of the window's requests (prefill pool), seconds."""
     prefill_buckets: tuple[tuple[float, float], ...] = ()
     """Prefill-phase times as a cumulative histogram: (upper bound, count or rate)."""
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    """Prefill: the TTFT histogram the p99 is read from, as the same kind of histogram (for
+    the p99 of the prompts that can meet the SLO, when some cannot at any size)."""
     tpot_mean: float | None = None
     """Decode: the mean time between output tokens over the window (the inter-token
     latency's sum over its count), seconds: the step time a running sequence sees."""

@@ -70,18 +70,12 @@ from disagg.autoscale.decode import in_transit
 from disagg.autoscale.gauges import loudest, read_gauges
 from disagg.autoscale.inputs import accepted
 from disagg.autoscale.latency import MIN_TOLERANCE, surely_over, surely_under, tolerance
-from disagg.autoscale.load import (
-    UNREACHABLE_MARK,
-    feed_forward,
-    intrinsic_p99,
-    learn,
-    pool_demand,
-    unreachable,
-)
+from disagg.autoscale.load import feed_forward, learn, pool_demand
 from disagg.autoscale.look_back import read_look_back, share_look_back
 from disagg.autoscale.memory import PoolMemory
 from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, ScaledPool, Signals
-from disagg.autoscale.sizing import DOWN_HEADROOM, trend
+from disagg.autoscale.reach import UNREACHABLE_MARK, intrinsic_p99, reachable_quantile, unreachable
+from disagg.autoscale.sizing import DOWN_HEADROOM, quantile, trend
 from disagg.perf.buckets import LATENCY_BUCKETS
 
 __all__ = [
@@ -217,6 +211,19 @@ def decide_pool(
     queue_gauge, named = read_gauges(pool, signals, policy, need, replicas, queue_counts)
     gauges = [value for value, _ in named]
     slow = None if idle else unreachable(pool, signals, ready, policy, memory, band)
+    # Prompts that miss at any size put the p99 over the SLO on their own, but the TTFT
+    # histogram still says how long the others wait: read it where their p99 lies (unread,
+    # wait budgets read less cautiously had left a 70B pool of two at a 15 s p99 for 16
+    # minutes on a 3 s SLO).
+    read_at = (
+        reachable_quantile(slow[0])
+        if slow is not None and slow[0] >= UNREACHABLE_P99 and signals.ttft_buckets
+        else None
+    )
+    if read_at is not None:
+        signals = replace(signals, p99=quantile(signals.ttft_buckets, read_at))
+        latency = 0.0 if signals.p99 is None else signals.p99 / policy.slo
+    named_q = "p99" if read_at is None else f"p{read_at * 100:.3g}"
     # A p99 says nothing about the pool's size when requests that miss at any size are 1% of
     # the traffic (they alone put it there), or when it is no more than the slowest prompts'
     # own prefill (a few just under the SLO hold it there at any size); and over the SLO it
@@ -227,15 +234,16 @@ def decide_pool(
     # (Compared as the TTFT histogram reads both: in its coarser buckets one prompt of fifty
     # just over a second alone read as a p99 of 1.7 s, and a pool of two under a tenth busy
     # never counted as quiet enough to shrink.)
-    intrinsic = intrinsic_p99(pool, signals, memory)
-    as_read = intrinsic_p99(pool, signals, memory, read_in=buckets)
+    q = read_at or 0.99
+    intrinsic = intrinsic_p99(pool, signals, memory, q=q)
+    as_read = intrinsic_p99(pool, signals, memory, read_in=buckets, q=q)
     inherent = (
         intrinsic is not None
         and signals.p99 is not None
         and signals.p99 <= max(intrinsic, as_read or 0.0) * (1 + MIN_TOLERANCE)
     )
     draining = need is not None and signals.queue is not None and growing <= 0
-    physical = (slow is not None and slow[0] >= UNREACHABLE_P99) or inherent
+    physical = (slow is not None and slow[0] >= UNREACHABLE_P99 and read_at is None) or inherent
     stale = (fresh and latency > 1) or (draining and latency > 1 + band)
     latency_counts = not physical and not stale
     # The load estimate already holds the queue, the KV cache and the batch limits; the gauges
@@ -250,12 +258,14 @@ def decide_pool(
     observed = (
         "idle"
         if idle
-        else f"{label} p99 {signals.p99 * 1000:.0f}ms vs SLO {policy.slo * 1000:.0f}ms"
+        else f"{label} {named_q} {signals.p99 * 1000:.0f}ms vs SLO {policy.slo * 1000:.0f}ms"
         if signals.p99 is not None
         else "no latency yet"
     )
+    if read_at is not None and slow is not None and not idle:
+        observed += f", the p99 of the {1 - slow[0]:.0%} of prompts that can meet it"
     if inherent and intrinsic is not None and latency > DOWN_HEADROOM:
-        observed += f", held there by the prompts' own prefill (p99 {intrinsic:.2f}s alone"
+        observed += f", held there by the prompts' own prefill ({named_q} {intrinsic:.2f}s alone"
         if as_read and signals.p99 is not None and signals.p99 > intrinsic * (1 + MIN_TOLERANCE):
             observed += f", {as_read:.2f}s in the {label} histogram's buckets"
         observed += ")"

@@ -22,12 +22,12 @@ from typing import Final, Literal
 Signal = Literal[
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
-    "generationTokensRate",
+    "generationTokensRate", "ttftBuckets",
 ]  # fmt: skip
 SIGNALS: Final[tuple[Signal, ...]] = (
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
-    "generationTokensRate",
+    "generationTokensRate", "ttftBuckets",
 )  # fmt: skip
 PREFILL_LOAD: Final[tuple[Signal, ...]] = ("promptTokensRate", "prefillSeconds")
 """What the TTFT-driven pool is sized from besides ``prefillBuckets`` (optional: an engine
@@ -89,6 +89,7 @@ SGLANG: Final = MetricNames(
 
 _TEMPLATES: Final[dict[Signal, str]] = {
     "ttftP99": "histogram_quantile(0.99, sum by (le) (rate({ttft}_bucket{{$selector}}[$window])))",
+    "ttftBuckets": "sum by (le) (rate({ttft}_bucket{{$selector}}[$window]))",
     "tpotP99": "histogram_quantile(0.99, sum by (le) (rate({itl}_bucket{{$selector}}[$window])))",
     "queue": "sum({waiting}{{$selector}})",
     "running": "sum({running}{{$selector}})",
@@ -130,7 +131,8 @@ def build_queries(
     backend: str, namespace: str, model: str, role: str, window_seconds: float,
     overrides: dict[str, str] | None = None,
 ) -> dict[Signal, str]:  # fmt: skip
-    """Every signal's query for one pool (``prefillBuckets`` is an instant vector by ``le``;
+    """Every signal's query for one pool (``prefillBuckets`` and ``ttftBuckets`` are instant
+    vectors by ``le``;
     the prefill-time signals are absent for an engine without that histogram)."""
     names = VLLM if backend == "vllm" else SGLANG
     values = {

@@ -55,6 +55,10 @@ the central queue M/M/n assumes. Where prompts are sent by requests in flight (S
 pairs; the simulator's two random choices or fewest requests), they wait behind long ones
 M/M/n does not see, yet half the target there bought about 0.1 point for 5-8% more
 GPU-hours and two or three more flaps at one minute of provisioning: not kept apart."""
+STRADDLE_SLICES: Final = 4
+"""The prompts of the bucket that holds the TTFT SLO are counted in this many slices of its
+part under the SLO, each at its slice's top: read as spread evenly over the bucket, as the
+share under the SLO is, not all at the SLO with no budget at all."""
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
 GROWTH_CAP: Final = 2.0
@@ -89,7 +93,11 @@ def late_share(servers: int, load: float, service: float, budgets: Budgets) -> f
 
 
 def prefill_replicas(
-    arrival_rate: float, service: float, budgets: Budgets, limit: int = 1000
+    arrival_rate: float,
+    service: float,
+    budgets: Budgets,
+    limit: int = 1000,
+    reachable: float | None = None,
 ) -> int:
     """Fewest replicas for which at most WAIT_TARGET of the prompts (that can meet the SLO
     at all) wait past what the SLO leaves them."""
@@ -98,7 +106,8 @@ def prefill_replicas(
         return 0
     if not load < limit:  # more work than the limit serves (or a rate read as nothing)
         return limit
-    reachable = sum(share for share, _ in budgets) or 1.0
+    if reachable is None:
+        reachable = sum(share for share, _ in budgets) or 1.0
     n = max(1, math.floor(load) + 1)
     while n < limit:
         if late_share(n, load, service, budgets) <= WAIT_TARGET * reachable:
@@ -167,21 +176,29 @@ def quantile(buckets: Buckets, q: float) -> float | None:
 
 def wait_budgets(slo: float, buckets: Buckets, mean_service: float) -> list[tuple[float, float]]:
     """(share of prompts, seconds the TTFT SLO leaves them to wait) per bucket of the
-    prefill-time histogram, counting each bucket at its slowest; prompts whose prefill alone
-    exceeds the SLO are left out (they miss at any size). Without a histogram: every prompt
+    prefill-time histogram, counting each bucket at its slowest (the one that holds the SLO
+    in STRADDLE_SLICES slices); prompts whose prefill alone exceeds the SLO are left out
+    (they miss at any size). Without a histogram: every prompt
     at twice the mean."""
     if not buckets or buckets[-1][1] <= 0:
         return [(1.0, max(0.0, slo - 2 * mean_service))]
     total = buckets[-1][1]
-    budgets, lower_count = [], 0.0
+    budgets, lower_bound, lower_count = [], 0.0, 0.0
     for bound, count in buckets:
-        top = min(bound, slo)
-        share = (1 - share_above(buckets, top)) - lower_count / total
-        if share > 0:
-            budgets.append((share, slo - top))
+        if bound <= slo:
+            tops = [bound]
+        else:
+            width = slo - lower_bound
+            tops = [lower_bound + width * (k + 1) / STRADDLE_SLICES for k in range(STRADDLE_SLICES)]
+        below = lower_count / total
+        for top in tops:
+            reached = 1 - share_above(buckets, top)
+            if reached > below:
+                budgets.append((reached - below, slo - top))
+            below = max(below, reached)
         if bound >= slo:
             break
-        lower_count = count
+        lower_bound, lower_count = bound, count
     return budgets
 
 

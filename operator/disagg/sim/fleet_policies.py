@@ -67,6 +67,7 @@ class SloPolicy:
             prefill_buckets=stats.prefill_buckets,
             tpot_mean=stats.tpot_mean,
             generation_tokens_rate=stats.generation_tokens_rate,
+            ttft_buckets=stats.ttft_buckets if pool == "prefill" else (),
         )
         share_look_back(self._memory.values())
         decision = decide_pool(

@@ -64,6 +64,7 @@ def pool_stats(
         prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
         prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
         tpot_mean=sum(n * t for n, t in streams) / gaps if gaps else None,
+        ttft_buckets=cumulative_histogram(sorted(ttfts), TTFT_BUCKETS),
         ttft_reported=reported_p99([(t, 1.0) for t in ttfts], TTFT_BUCKETS),
         # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
         tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),

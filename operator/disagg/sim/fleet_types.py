@@ -39,6 +39,8 @@ class PoolStats:
     tpot_mean: float | None = None
     """Mean time between output tokens, over every token (vLLM's inter-token latency sum
     over its count)."""
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    """The window's TTFTs in vLLM's buckets (what ``ttft_reported`` is read from)."""
     ttft_reported: float | None = None
     """The TTFT p99 as Prometheus reads it from vLLM's buckets (what the operator's policy
     sees; ``ttft_p99`` is the exact one)."""
