@@ -15,7 +15,12 @@ other shapes users bring, kept apart so that no rule is tuned on them:
 * ``lengthening``: 8B chat at 5 req/s whose outputs grow from about 150 to 1200 tokens
   over the hour;
 * ``rag``: 70B at TP8 with retrieved context, 6-20k-token prompts (3% of 60-120k) and short
-  outputs, 1 req/s doubling at 30 minutes.
+  outputs, 1 req/s doubling at 30 minutes;
+* ``bimodal``: 70B chat at TP4 with 8% of the prompts 15-28k tokens long (documents to
+  summarize), 1.5-3.5 req/s over the hour: the long prompts' prefill alone comes near the
+  4 s TTFT SLO, inside one coarse bucket of the prefill-time histogram;
+* ``flash-crowd``: 8B chat at 4 req/s, rising within a minute to 16 at 20 minutes, for ten
+  minutes.
 
 ``python bench/other_traces.py KIND SEED OUT.csv`` writes one and prints the
 ``autoscaler_compare.py --trace`` flags for its deployment.
@@ -131,6 +136,35 @@ def rag(rng: random.Random) -> list[Request]:
     return requests
 
 
+def bimodal(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return 2.5 + math.sin(2 * math.pi * t / HOUR)
+
+    requests = []
+    for t in _arrivals(rng, rate, 3.5, HOUR, 1.2):
+        if rng.random() < 0.08:
+            requests.append(
+                Request(t, rng.randint(15000, 28000), _lognormal(rng, 5.5, 0.5, 16, 1500))
+            )
+        else:
+            requests.append(
+                Request(t, _lognormal(rng, 6.5, 0.9, 16, 8000), _lognormal(rng, 5.0, 0.8, 1, 2000))
+            )
+    return requests
+
+
+def flash_crowd(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        if 1200 <= t < 1260:
+            return 4 + 12 * (t - 1200) / 60
+        return 16.0 if 1260 <= t < 1860 else 4.0
+
+    return [
+        Request(t, _lognormal(rng, 6.6, 1.0, 16, 16000), _lognormal(rng, 5.1, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 16.0, HOUR, 1.0)
+    ]
+
+
 SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] = {
     "ramp-stop": (ramp_stop, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
     "agentic": (agentic, Deployment("llama-3.1-8b", 1, 3.0, 0.03)),
@@ -140,6 +174,8 @@ SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] =
     "decline": (decline, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
     "lengthening": (lengthening, Deployment("llama-3.1-8b", 1, 1.5, 0.03)),
     "rag": (rag, Deployment("llama-3.1-70b", 8, 4.0, 0.05)),
+    "bimodal": (bimodal, Deployment("llama-3.1-70b", 4, 4.0, 0.05)),
+    "flash-crowd": (flash_crowd, Deployment("llama-3.1-8b", 1, 1.5, 0.04)),
 }
 
 
