@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from disagg.autoscale.inputs import clean_buckets
+from disagg.autoscale.inputs import accepted, clean_buckets
 from disagg.autoscale.policy import Behavior, PoolMemory, PoolPolicy, Signals, decide_pool
 
 NOW = 10_000.0
@@ -68,6 +68,12 @@ def test_the_same_bound_spelled_twice_is_summed_and_a_broken_histogram_dropped()
     assert clean_buckets(((0.5, 10.0), (1.0, math.nan), (INF, 60.0))) == ()
     assert clean_buckets(((0.5, 10.0), (1.0, 20.0))) == ()  # no +Inf bucket: not all counted
     assert clean_buckets(((0.5, 0.0), (INF, 0.0))) == ()  # nothing observed
+    # Both histograms the policy reads are cleaned: a TTFT histogram whose counts fall is
+    # left out, and the prefill-time one beside it kept.
+    broken = ((0.5, 40.0), (1.0, 20.0), (INF, 60.0))
+    kept = ((0.5, 10.0), (INF, 60.0))
+    cleaned, problem = accepted(signals(ttft_buckets=broken, prefill_buckets=kept))
+    assert (cleaned.ttft_buckets, cleaned.prefill_buckets, problem) == ((), kept, None)
 
 
 def test_a_decode_pool_at_zero_replicas_is_sized_from_what_still_arrives() -> None:
