@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from disagg.autoscale.sizing import quantile
 from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from disagg.sim.fleet_types import Engine, FleetConfig, PoolName, PoolStats
 from disagg.sim.results import (
@@ -47,6 +48,7 @@ def pool_stats(
     # t=0 is not a rate of 1e9 per second.
     span = min(config.window, max(now, config.interval))
     prompt_tokens = sum(o.request.prompt_tokens for o in recent)
+    ttft_buckets = cumulative_histogram(sorted(ttfts), TTFT_BUCKETS)
     return PoolStats(
         replicas=len([e for e in engines if not e.draining]),
         ready=len(serving),
@@ -64,8 +66,9 @@ def pool_stats(
         prefill_seconds=sum(prefill_times) / len(prefill_times) if prefill_times else None,
         prefill_buckets=cumulative_histogram(prefill_times, REQUEST_LATENCY_BUCKETS),
         tpot_mean=sum(n * t for n, t in streams) / gaps if gaps else None,
-        ttft_buckets=cumulative_histogram(sorted(ttfts), TTFT_BUCKETS),
-        ttft_reported=reported_p99([(t, 1.0) for t in ttfts], TTFT_BUCKETS),
+        ttft_buckets=ttft_buckets,
+        # The p99 Prometheus reports: histogram_quantile over those same buckets.
+        ttft_reported=quantile(ttft_buckets, 0.99),
         # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
         tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),
     )
