@@ -10,7 +10,8 @@ import pytest
 
 from closedloop import TIME_SCALE, LoadReport, ReplicaRecorder, Stack, drive, stack
 from dataplane import LOG_DIR
-from disagg.autoscale.evaluate import DELETION_COST
+from disagg.autoscale.evaluate import DELETION_COST, POOLS
+from disagg.autoscale.recall import recalled
 from harness import Kube, Operator, wait_for
 
 
@@ -132,6 +133,12 @@ def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: St
 
 def test_operator_restart_mid_scenario_changes_nothing(loop: Stack) -> None:
     before = loop.replicas()
+    # What the autoscaler learned is in status, as the API server stores it (a field the
+    # CRD's schema left out would be pruned without a word), and reads back whole.
+    saved = loop.model()["status"]["autoscalerMemory"]
+    recall = recalled(saved, "disaggregated", POOLS, time.time())
+    assert recall.problems == [] and recall.kept is not None, recall.problems
+    assert recall.memories["prefill"].recommendations and recall.memories["decode"].arrivals
     loop.operator.kill()
     loop.operator = Operator(
         loop.kube.layout,
@@ -146,3 +153,5 @@ def test_operator_restart_mid_scenario_changes_nothing(loop: Stack) -> None:
     assert loop.replicas() == before
     writes = loop.operator.writes(exclude=("Lease", "Event", "DisaggregatedModel"))
     assert not any(k for k in writes if 'kind="Deployment"' in k), writes
+    reasons = {e.get("reason") for e in loop.kube.items("events", loop.namespace)}
+    assert "AutoscalerMemoryUnreadable" not in reasons

@@ -26,7 +26,8 @@ from disagg.reconcile.children import (
     WAKE_VIEWS,
     WATCHED_KINDS,
 )
-from disagg.reconcile.model import OBSERVE_WAIT_SECONDS, Outcome, Reconciler, worth_writing
+from disagg.reconcile.model import OBSERVE_WAIT_SECONDS, Outcome, Reconciler
+from disagg.status import worth_writing
 from fakekube import FakeKube
 
 Obj = dict[str, Any]

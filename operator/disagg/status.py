@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from disagg.api.status import (
     CONDITION_TYPES,
+    AutoscalerMemory,
     Condition,
     ConditionType,
     DisaggregatedModelStatus,
@@ -31,6 +32,7 @@ from disagg.api.status import (
     PoolStatus,
     RouterStatus,
 )
+from disagg.autoscale.recall import worth_saving
 from disagg.rollout import (
     deployment_counts,
     replica_failures,
@@ -39,6 +41,7 @@ from disagg.rollout import (
 )
 
 Obj = dict[str, Any]
+MEMORY_KEY: Final = "autoscalerMemory"
 Verdict = tuple[Literal["True", "False", "Unknown"], str, str]
 """A condition's (status, reason, message)."""
 
@@ -77,6 +80,8 @@ class Observed:
     autoscaling_mode: str = "builtin"
     scaling: ScalingRecord | None = None
     """This pass's autoscaler evaluation; None when none was due."""
+    memory: AutoscalerMemory | None = None
+    """What the built-in autoscaler remembers (None: it runs no policy for this model)."""
 
 
 def pool_status(
@@ -217,6 +222,9 @@ def compute_status(
         engine=pools.get("engine"),
         router=router,
         metrics=_metrics(obs, previous),
+        autoscaler_memory=(
+            obs.memory if obs.autoscaling_enabled and obs.autoscaling_mode == "builtin" else None
+        ),
     )
 
 
@@ -303,3 +311,16 @@ def status_patch(old: Obj, new: Obj) -> Obj | None:
         elif old[key] != new[key]:
             patch[key] = new[key]
     return patch or None
+
+
+def worth_writing(patch: Obj | None, memory_age: float | None = None) -> bool:
+    """Whether a status patch says anything but a new sample time or the autoscaler's
+    recent history (see :func:`worth_saving`; ``memory_age``: how old the memory in status
+    is) (pure)."""
+    if not patch:
+        return False
+    metrics = patch.get("metrics")
+    rest = {k: v for k, v in patch.items() if k not in ("metrics", MEMORY_KEY)}
+    if rest or (isinstance(metrics, dict) and set(metrics) != {"observedAt"}):
+        return True
+    return MEMORY_KEY in patch and worth_saving(patch[MEMORY_KEY], memory_age)

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from disagg.api.base import ApiModel
+from disagg.api.spec import Mode
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "ScalingActive", "ScalingLimited"]
 CONDITION_TYPES: tuple[ConditionType, ...] = (
@@ -75,6 +76,76 @@ class ObservedMetrics(ApiModel):
     observed_at: str | None = Field(default=None, description="When these were read (RFC 3339).")
 
 
+MEMORY_HISTORY_MAX_LENGTH = 262144
+"""Characters of one pool's history in status (it holds about 10k; etcd takes 1.5 MiB)."""
+
+
+class LearnedCapacity(ApiModel):
+    """What the autoscaler learned of one pool from what it served (its sizing reads these)."""
+
+    prefill_tokens_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Prefill: prompt tokens per second one replica computes, read cautiously "
+        "(what a pool keeps is sized on it).",
+    )
+    batched_tokens_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Prefill: the same counting what batching adds (what a pool orders is "
+        "sized on it).",
+    )
+    batched_prompt_tokens: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Prefill: the mean prompt, in tokens, when the batched speed was read.",
+    )
+    sequences_per_replica: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Decode: sequences one replica holds at the TPOT SLO (its knee).",
+    )
+    provisioning_seconds: float = Field(
+        gt=0,
+        allow_inf_nan=False,
+        description="How long new replicas last took to become ready.",
+    )
+    look_back_seconds: float = Field(
+        default=0,
+        ge=0,
+        allow_inf_nan=False,
+        description="The scale-down look-back learned from flaps, surges and bursts' ends "
+        "(0: the spec's).",
+    )
+
+
+class PoolMemoryStatus(ApiModel):
+    """What the autoscaler remembers of one pool (one phase, for a colocated engine pool)."""
+
+    learned: LearnedCapacity = Field(description="What it learned from what the pool served.")
+    history: str = Field(
+        max_length=MEMORY_HISTORY_MAX_LENGTH,
+        description="The recent evaluations its rules read back (recommendations for the "
+        "scale-down look-back, arrivals, demand, queue and decode step samples), as JSON "
+        "with times in seconds relative to savedAt. Its format may change between "
+        "versions; one it cannot read is learned again.",
+    )
+
+
+class AutoscalerMemory(ApiModel):
+    """The built-in autoscaler's memory, kept in status so that a restarted operator (or a
+    new leader) goes on where the last one left off."""
+
+    mode: Mode = Field(description="The mode whose pools this describes.")
+    saved_at: str = Field(description="When it was written (RFC 3339).")
+    prefill: PoolMemoryStatus | None = Field(default=None, description="The prefill phase.")
+    decode: PoolMemoryStatus | None = Field(default=None, description="The decode phase.")
+
+
 class DisaggregatedModelStatus(ApiModel):
     """What the operator observed; written only by the operator."""
 
@@ -98,4 +169,9 @@ class DisaggregatedModelStatus(ApiModel):
     router: RouterStatus = Field(default_factory=RouterStatus, description="The router.")
     metrics: ObservedMetrics = Field(
         default_factory=ObservedMetrics, description="Latest SLO signals from Prometheus."
+    )
+    autoscaler_memory: AutoscalerMemory | None = Field(
+        default=None,
+        description="What the built-in autoscaler learned and remembers of each pool, so a "
+        "restart does not start it over (written by the operator).",
     )

@@ -22,7 +22,7 @@ from typing import Any, Final
 from disagg.api.base import format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
 from disagg.api.spec import Mode, Role
-from disagg.api.status import ObservedMetrics
+from disagg.api.status import AutoscalerMemory, ObservedMetrics
 from disagg.autoscale.combine import apply_budget, colocated
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
@@ -39,6 +39,7 @@ from disagg.autoscale.policy import (
     share_look_back,
 )
 from disagg.autoscale.queries import build_queries, pool_selector
+from disagg.autoscale.recall import recalled
 from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
 from disagg.perf.engine_buckets import latency_buckets
@@ -64,6 +65,10 @@ class ScalerState:
     """The last evaluation's record until a status write has it."""
     mode: Mode = "disaggregated"
     """The mode whose pools the memories describe."""
+    saved: AutoscalerMemory | None = None
+    """The memories as status keeps them, as of the last evaluation (or as read back)."""
+    unreadable: bool = False
+    """Status holds a memory that could not be read back: the next write replaces it."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,18 @@ class Evaluation:
 
     def resized(self) -> list[Decision]:
         return [d for d in self.decisions if d.desired != d.current]
+
+
+def recalled_state(
+    saved: object, model: DisaggregatedModel, now: float
+) -> tuple[ScalerState, list[str]]:
+    """A model's autoscaler state from the memory its status kept (``saved``), and what of
+    that could not be read (that pool learns again, and the next status write replaces it)."""
+    mode = model.spec.mode
+    recall = recalled(saved, mode, POOLS, now)
+    state = ScalerState(memories=recall.memories, mode=mode, saved=recall.kept)
+    state.unreadable = bool(recall.problems)
+    return state, recall.problems
 
 
 def _colocated(model: DisaggregatedModel) -> bool:

@@ -3,8 +3,9 @@
 :class:`PoolMemory` holds the recommendations the stabilization window reads, the demand and
 arrivals history the headroom and surges are read from, the prefill speed and decode knee
 learned from what the pool served, and the scale-down look-back learned from flaps, surges
-and bursts' ends (and when it was last renewed). Losing it only delays a scale-down or falls
-back to latency until it is relearned.
+and bursts' ends (and when it was last renewed). The model's status keeps it across operator
+restarts (:mod:`disagg.autoscale.recall`): every field here is saved there, and a new field
+must be too (``SERIES``, ``TIMES``, ``NUMBERS`` or ``LEARNED``; a test fails otherwise).
 """
 
 from __future__ import annotations

@@ -55,9 +55,10 @@ what the policy remembers in :mod:`disagg.autoscale.memory`. The rules, each cov
   worse gets the GPUs first, and the decision says it was limited
   (:mod:`disagg.autoscale.combine`, with the colocated pool's size from both phases).
 
-What persists across restarts lives in status (last scale time); the stabilization history,
-the demand history, the learned prefill speed and decode knee are optimizations that, when
-lost, only delay a scale-down or fall back to latency feedback until they are learned again.
+What persists across restarts lives in status: the last scale time, and the whole
+:class:`PoolMemory` (:mod:`disagg.autoscale.recall`), so a restarted operator decides as the
+one before it would have. Lost, a restart ten minutes into a burst had let the look-back it
+learned go, and the pool shrank before the burst came back.
 """
 
 from __future__ import annotations

@@ -37,10 +37,12 @@ from disagg.autoscale.evaluate import (
     evaluate,
     evaluation_events,
     mark_cheapest,
+    recalled_state,
     scaling_record,
 )
 from disagg.autoscale.metrics import PrometheusSource
-from disagg.clock import Clock, rfc3339, system_clock
+from disagg.autoscale.recall import remembered
+from disagg.clock import Clock, epoch_of, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
@@ -50,11 +52,13 @@ from disagg.reconcile.children import Live, apply_children, prune
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.rollout import unobserved
 from disagg.status import (
+    MEMORY_KEY,
     Observed,
     ScalingRecord,
     compute_status,
     invalid_status,
     status_patch,
+    worth_writing,
 )
 from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
 
@@ -85,7 +89,9 @@ class Outcome:
 
 
 def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
-    raw = body.get("status")
+    # The autoscaler's memory is read on its own (recall.recalled): one it cannot read
+    # costs what it learned, not the conditions' transition times.
+    raw = {k: v for k, v in (body.get("status") or {}).items() if k != MEMORY_KEY}
     if not raw:
         return None
     try:
@@ -108,15 +114,6 @@ def _already_degraded(
         and (message is None or c.message == message)
         for c in previous.conditions
     )
-
-
-def worth_writing(patch: Obj | None) -> bool:
-    """Whether a status patch says anything but a new sample time (pure)."""
-    if not patch:
-        return False
-    metrics = patch.get("metrics")
-    rest = {k: v for k, v in patch.items() if k != "metrics"}
-    return bool(rest) or (isinstance(metrics, dict) and set(metrics) != {"observedAt"})
 
 
 def _terminating(pods: list[Obj], role: str) -> int:
@@ -175,7 +172,7 @@ class Reconciler:
             status = invalid_status(error.problems, generation, previous, rfc3339(now))
             if not _already_degraded(previous, "InvalidSpec", generation):
                 await self.recorder.warning(body, "InvalidSpec", "; ".join(error.problems))
-            return await self._write_status(body, status, Outcome(invalid=True))
+            return await self._write_status(body, status, Outcome(invalid=True), keep_memory=True)
 
         live = self.cache.children(namespace, name)
         pods = self.cache.pods(namespace, name)
@@ -212,6 +209,7 @@ class Reconciler:
             autoscaling_enabled=model.spec.autoscaling.enabled,
             autoscaling_mode=model.spec.autoscaling.mode,
             scaling=self._record(model, evaluation),
+            memory=state.saved if (state := self.scalers.get((namespace, name))) else None,
         )
         status = compute_status(observed, previous, rfc3339(now))
         degraded = next(c for c in status.conditions if c.type == "Degraded")
@@ -229,10 +227,12 @@ class Reconciler:
             due = min(wait, outcome.requeue_after or wait)
             return replace(outcome, requeue_after=due, status_waiting=True)
         self.waiting_since.pop((namespace, name), None)
-        outcome = await self._write_status(body, status, outcome)
         state = self.scalers.get((namespace, name))
+        unreadable = state is not None and state.unreadable
+        outcome = await self._write_status(body, status, outcome, rewrite_memory=unreadable)
         if state is not None and not outcome.conflict:
             state.pending = None  # the evaluation is in status now
+            state.unreadable = unreadable and not outcome.status_written
         return outcome
 
     async def _evaluate(
@@ -243,7 +243,7 @@ class Reconciler:
         if not _builtin(model):
             self.scalers.pop(key, None)
             return None
-        state = self.scalers.setdefault(key, ScalerState(mode=model.spec.mode))
+        state = self.scalers.get(key) or await self._recall(model, body, now)
         if state.mode != model.spec.mode:
             # What one pool shape taught (a colocated engine's prefill speed, say) does not
             # hold for the other mode's pools: learn again.
@@ -259,6 +259,8 @@ class Reconciler:
         source = self.prometheus(model.spec.autoscaling.prometheus_url)
         status = body.get("status") or {}
         evaluation = await evaluate(model, source, deployments, status, state, now)
+        if evaluation.unavailable is None:
+            state.saved = remembered(state.memories, state.mode, now)
         for decision in evaluation.resized():
             if decision.desired < decision.current:
                 await mark_cheapest(self.client, model, decision.pool, source)
@@ -267,6 +269,17 @@ class Reconciler:
                 decision.current, decision.desired, decision.reason,
             )  # fmt: skip
         return evaluation
+
+    async def _recall(self, model: DisaggregatedModel, body: Obj, now: float) -> ScalerState:
+        """A model's autoscaler state as status kept it (after a restart, or on a new
+        leader), else a fresh one; what cannot be read is said once, in an Event."""
+        state, problems = recalled_state((body.get("status") or {}).get(MEMORY_KEY), model, now)
+        if problems:
+            message = "learning again: " + "; ".join(problems)
+            log.warning("%s autoscaler memory unreadable, %s", model.metadata.name, message)
+            await self.recorder.warning(body, "AutoscalerMemoryUnreadable", message)
+        self.scalers[model.metadata.namespace, model.metadata.name] = state
+        return state
 
     def _observe_wait(
         self,
@@ -346,7 +359,7 @@ class Reconciler:
         status = invalid_status([message], generation, previous, rfc3339(now), "ApplyRejected")
         if not _already_degraded(previous, "ApplyRejected", generation, message):
             await self.recorder.warning(body, "ApplyRejected", message)
-        return await self._write_status(body, status, Outcome(invalid=True))
+        return await self._write_status(body, status, Outcome(invalid=True), keep_memory=True)
 
     async def _post(self, body: Obj, event: Obj) -> None:
         post = self.recorder.warning if event["type"] == "Warning" else self.recorder.normal
@@ -357,12 +370,23 @@ class Reconciler:
         body: Obj,
         status: DisaggregatedModelStatus,
         outcome: Outcome,
+        *,
+        keep_memory: bool = False,
+        rewrite_memory: bool = False,
     ) -> Outcome:
         """The one write of a model's status, only if it changed, and only over the version
-        this pass read (a 409 means the model moved on: the pass runs again)."""
+        this pass read (a 409 means the model moved on: the pass runs again). A pass that
+        ran no autoscaler (``keep_memory``: a spec it refused) leaves its memory as it is;
+        ``rewrite_memory`` replaces one that could not be read back at once."""
         meta = body["metadata"]
-        patch = status_patch(body.get("status") or {}, status.to_wire())
-        if not worth_writing(patch):
+        old = body.get("status") or {}
+        new = status.to_wire()
+        if keep_memory and MEMORY_KEY in old:
+            new[MEMORY_KEY] = old[MEMORY_KEY]
+        patch = status_patch(old, new)
+        saved = epoch_of((old.get(MEMORY_KEY) or {}).get("savedAt"))
+        age = None if saved is None or rewrite_memory else self.clock() - saved
+        if not worth_writing(patch, age):
             return outcome
         try:
             with self.models.writing(meta["namespace"], meta["name"]):

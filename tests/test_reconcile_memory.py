@@ -1,0 +1,115 @@
+"""The autoscaler's memory across operator restarts, through the reconcile pass: kept in the
+model's status, read back by the next operator (or leader), never trusted blindly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from disagg.autoscale.policy import Signals
+from disagg.autoscale.recall import MEMORY_REFRESH_SECONDS
+from disagg.kube.events import EventRecorder
+from disagg.reconcile.model import Reconciler
+from test_reconcile_pass import NAME, NS, World, autoscaled
+
+
+def restart(world: World) -> None:
+    """A new operator process: the same API server and watches, nothing in memory."""
+    world.reconciler = Reconciler(
+        world.kube,  # type: ignore[arg-type]
+        EventRecorder(world.kube, clock=world.clock),  # type: ignore[arg-type]
+        world.cache,
+        world.models,
+        clock=world.clock,
+        prometheus=lambda url: world.prometheus,
+    )
+
+
+async def serving(world: World, evaluations: int) -> None:
+    """Pools up, then ``evaluations`` evaluations 15 s apart of a prefill pool whose load
+    varies (its metrics change, so each evaluation writes status)."""
+    await world.reconcile()
+    world.pools_ready()
+    for k in range(evaluations):
+        world.prometheus.prefill = Signals(p99=0.4 + k / 100, request_rate=6.0, queue=2.0,
+                                           running=3.0, pods_reporting=1)  # fmt: skip
+        world.clock.now += 15
+        await world.reconcile()
+        world.pools_ready()
+
+
+async def test_a_restarted_operator_goes_on_with_what_the_last_one_remembered() -> None:
+    world = World(autoscaled())
+    await serving(world, 6)
+    before = world.reconciler.scalers[NS, NAME].memories
+    memory = world.model()["status"]["autoscalerMemory"]
+    assert memory["mode"] == "disaggregated"
+    assert len(json.loads(memory["prefill"]["history"])["recommendations"]) == 6
+
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
+    after = world.reconciler.scalers[NS, NAME].memories
+    for pool in ("prefill", "decode"):
+        # Every recommendation the last operator made, then this one's first.
+        assert after[pool].recommendations[:-1] == before[pool].recommendations
+        assert after[pool].arrivals[:-1] == before[pool].arrivals
+        assert asdict(after[pool]).keys() == asdict(before[pool]).keys()
+    assert not world.events("AutoscalerMemoryUnreadable")
+
+
+async def test_a_memory_that_cannot_be_read_is_named_learned_again_and_costs_nothing_else() -> None:
+    world = World(autoscaled())
+    await serving(world, 3)
+    ready_since = world.condition("Ready")["lastTransitionTime"]
+    status = world.model()["status"]
+    status["autoscalerMemory"]["decode"]["history"] = '{"arrivals": [[0, "many"]]}'
+    world.kube.set_status("DisaggregatedModel", NS, NAME, status)
+
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
+    warned = world.events("AutoscalerMemoryUnreadable")
+    assert len(warned) == 1
+    assert warned[0]["message"] == (
+        "learning again: status.autoscalerMemory.decode.history.arrivals[0]: 'many' is not a "
+        "finite number"
+    )
+    assert world.condition("Ready")["lastTransitionTime"] == ready_since
+    # The unreadable history is replaced at once, not when the memory is next refreshed.
+    decode = json.loads(world.model()["status"]["autoscalerMemory"]["decode"]["history"])
+    assert [rate for _, rate in decode["arrivals"]] == [1.0]
+    assert (
+        json.loads(world.model()["status"]["autoscalerMemory"]["prefill"]["history"])[
+            "recommendations"
+        ][0][0]
+        < -15
+    )  # the prefill pool's history was kept: it reaches back before the restart
+
+
+async def test_an_idle_models_history_is_written_once_per_refresh_not_per_evaluation() -> None:
+    world = World(autoscaled())
+    await world.reconcile()
+    world.pools_ready()
+    world.prometheus.prefill = Signals(p99=None, request_rate=0.0, queue=0.0, running=0.0,
+                                       pods_reporting=1)  # fmt: skip
+    world.prometheus.decode = Signals(p99=None, request_rate=0.0, queue=0.0, running=0.0,
+                                      kv_usage=0.0, pods_reporting=1)  # fmt: skip
+    for _ in range(3):
+        world.clock.now += 15
+        await world.reconcile()
+    writes = len(world.kube.writes_of("DisaggregatedModel"))
+    evaluations = int(MEMORY_REFRESH_SECONDS // 15)
+    for _ in range(evaluations):
+        world.clock.now += 15
+        await world.reconcile()
+    assert len(world.kube.writes_of("DisaggregatedModel")) - writes == 1
+
+
+async def test_turning_the_autoscaler_off_removes_its_memory_from_status() -> None:
+    world = World(autoscaled())
+    await serving(world, 2)
+    assert "autoscalerMemory" in world.model()["status"]
+    world.edit({"autoscaling": {"enabled": False}})
+    await world.reconcile()
+    assert "autoscalerMemory" not in world.model()["status"]
