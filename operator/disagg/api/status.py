@@ -6,7 +6,7 @@ reason, message, lastTransitionTime, observedGeneration).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -77,37 +77,30 @@ class ObservedMetrics(ApiModel):
 
 
 MEMORY_HISTORY_MAX_LENGTH = 262144
-"""Characters of one pool's history in status (it holds about 10k; etcd takes 1.5 MiB)."""
+"""Characters of one pool's history in status: at a 15 s interval it runs to 4-7k (the
+trace kinds of bench/policy_seeds.py); an object in etcd may take 1.5 MiB."""
+
+
+def _learned(description: str) -> Any:
+    """A learned value: positive and finite, or absent until the pool has shown it."""
+    return Field(default=None, gt=0, allow_inf_nan=False, description=description)
 
 
 class LearnedCapacity(ApiModel):
     """What the autoscaler learned of one pool from what it served (its sizing reads these)."""
 
-    prefill_tokens_per_second: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Prefill: prompt tokens per second one replica computes, read cautiously "
-        "(what a pool keeps is sized on it).",
+    prefill_tokens_per_second: float | None = _learned(
+        "Prefill: prompt tokens per second one replica computes, read cautiously "
+        "(what a pool keeps is sized on it)."
     )
-    batched_tokens_per_second: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Prefill: the same counting what batching adds (what a pool orders is "
-        "sized on it).",
+    batched_tokens_per_second: float | None = _learned(
+        "Prefill: the same counting what batching adds (what a pool orders is sized on it)."
     )
-    batched_prompt_tokens: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Prefill: the mean prompt, in tokens, when the batched speed was read.",
+    batched_prompt_tokens: float | None = _learned(
+        "Prefill: the mean prompt, in tokens, when the batched speed was read."
     )
-    sequences_per_replica: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Decode: sequences one replica holds at the TPOT SLO (its knee).",
+    sequences_per_replica: float | None = _learned(
+        "Decode: sequences one replica holds at the TPOT SLO (its knee)."
     )
     provisioning_seconds: float = Field(
         gt=0,
