@@ -113,3 +113,28 @@ async def test_turning_the_autoscaler_off_removes_its_memory_from_status() -> No
     world.edit({"autoscaling": {"enabled": False}})
     await world.reconcile()
     assert "autoscalerMemory" not in world.model()["status"]
+
+
+async def test_a_mode_switch_learns_again_and_the_new_pools_memory_survives_a_restart() -> None:
+    """What disaggregated pools taught does not hold for a colocated engine pool."""
+    world = World(autoscaled())
+    await serving(world, 3)
+    world.edit({"mode": "colocated"})
+    await world.reconcile()
+    assert "autoscalerMemory" not in world.model()["status"]
+    world.pools_ready("engine")
+    for k in range(3):
+        world.prometheus.prefill = Signals(p99=0.3 + k / 100, request_rate=6.0, queue=0.0,
+                                           running=3.0, pods_reporting=1)  # fmt: skip
+        world.clock.now += 15
+        await world.reconcile()
+        world.pools_ready("engine", "router")
+    memory = world.model()["status"]["autoscalerMemory"]
+    assert memory["mode"] == "colocated"
+    before = world.reconciler.scalers[NS, NAME].memories["prefill"].recommendations
+
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
+    assert world.reconciler.scalers[NS, NAME].memories["prefill"].recommendations[:-1] == before
+    assert not world.events("AutoscalerMemoryUnreadable")
