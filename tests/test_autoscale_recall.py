@@ -52,7 +52,7 @@ def through_status(memory: PoolMemory, now: float = NOW) -> Any:
 
 def test_every_field_of_the_memory_is_kept() -> None:
     """A field added to PoolMemory and not to what status keeps would be lost at restarts."""
-    kept = {*SERIES, *TIMES, *NUMBERS, *LEARNED, "ready_count"}
+    kept = {*SERIES, *TIMES, *NUMBERS, *LEARNED, "ready_count", "shape"}
     assert {f.name for f in fields(PoolMemory)} == kept
 
 
@@ -62,6 +62,7 @@ def test_a_memory_read_back_from_status_is_the_one_saved() -> None:
     memory.lifetimes = [(NOW - 15.0, 30.0, 8.9), (NOW, 31.5, 9.125)]
     memory.steps = [(NOW - 900.0, 20.0, 0.025), (NOW, 42.5, 0.0315)]
     memory.outputs = [(NOW, 180.25)]
+    memory.shape = "0123456789abcdef"
     recall = recalled(through_status(memory), "disaggregated", POOLS, NOW + 30)
     assert recall.problems == []
     assert asdict(recall.memories["prefill"]) == asdict(memory)
@@ -179,3 +180,12 @@ def test_a_history_longer_than_status_holds_keeps_its_newest_samples() -> None:
     restored = recalled(saved.to_wire(), "disaggregated", ("prefill",), NOW).memories["prefill"]
     assert restored.recommendations[-1] == memory.recommendations[-1]
     assert 1000 < len(restored.recommendations) < 30000
+
+
+def test_a_new_engine_shape_forgets_the_speed_but_not_the_traffic() -> None:
+    memory = served()
+    assert not memory.reshape("aaaa")  # the first shape seen: nothing to forget
+    assert memory.prefill_speed == 11433.25
+    assert memory.reshape("bbbb")
+    assert memory.prefill_speed is None and memory.batched_speed is None
+    assert memory.down_window == 900.0 and len(memory.recommendations) == 40

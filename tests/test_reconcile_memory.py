@@ -4,7 +4,6 @@ model's status, read back by the next operator (or leader), never trusted blindl
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.recall import MEMORY_REFRESH_SECONDS
@@ -54,8 +53,9 @@ async def test_a_restarted_operator_goes_on_with_what_the_last_one_remembered() 
         # Every recommendation the last operator made, then this one's first.
         assert after[pool].recommendations[:-1] == before[pool].recommendations
         assert after[pool].arrivals[:-1] == before[pool].arrivals
-        assert asdict(after[pool]).keys() == asdict(before[pool]).keys()
+        assert after[pool].shape == before[pool].shape is not None
     assert not world.events("AutoscalerMemoryUnreadable")
+    assert not world.events("LearningAgain")  # the same engines: their speed stands
 
 
 async def test_a_memory_that_cannot_be_read_is_named_learned_again_and_costs_nothing_else() -> None:
@@ -138,3 +138,32 @@ async def test_a_mode_switch_learns_again_and_the_new_pools_memory_survives_a_re
     await world.reconcile()
     assert world.reconciler.scalers[NS, NAME].memories["prefill"].recommendations[:-1] == before
     assert not world.events("AutoscalerMemoryUnreadable")
+
+
+async def test_a_pool_whose_engines_changed_learns_their_speed_again_and_keeps_its_traffic() -> (
+    None
+):
+    world = World(autoscaled())
+    await serving(world, 3)
+    memories = world.reconciler.scalers[NS, NAME].memories
+    memories["prefill"].prefill_speed = memories["decode"].batch = 12000.0
+    memories["prefill"].down_window = 900.0
+    seen = list(memories["prefill"].recommendations)
+
+    world.edit({"prefill": {"autoscaling": {"maxReplicas": 6}}})  # how many, not how fast
+    world.clock.now += 15
+    await world.reconcile()
+    assert memories["prefill"].prefill_speed == 12000.0 and not world.events("LearningAgain")
+
+    world.edit({"prefill": {"tensorParallelSize": 2}})
+    world.clock.now += 15
+    await world.reconcile()
+    assert memories["prefill"].prefill_speed is None  # learned again on TP2
+    assert memories["prefill"].down_window == 900.0  # what the traffic taught stays
+    assert memories["prefill"].recommendations[: len(seen)] == seen
+    assert memories["decode"].batch == 12000.0  # the decode pool did not change
+    (event,) = world.events("LearningAgain")
+    assert event["message"].startswith("prefill: the spec changed what sets how fast")
+    world.clock.now += 15
+    await world.reconcile()
+    assert len(world.events("LearningAgain")) == 1

@@ -120,6 +120,14 @@ class PoolMemoryStatus(ApiModel):
     """What the autoscaler remembers of one pool (one phase, for a colocated engine pool)."""
 
     learned: LearnedCapacity = Field(description="What it learned from what the pool served.")
+    shape: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[0-9a-f]+$",
+        description="A digest of the spec that sets how fast the pool's engines are (model, "
+        "engine, GPUs, TP, batching, flags, placement) when it was learned: when the spec "
+        "changes it, the pool's speed is learned again.",
+    )
     history: str = Field(
         max_length=MEMORY_HISTORY_MAX_LENGTH,
         description="The recent evaluations its rules read back (recommendations for the "

@@ -14,12 +14,14 @@ the last scale time from status, so they survive a restart.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from disagg.api.base import format_duration, parse_duration
+from disagg.api.base import ApiModel, format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
 from disagg.api.spec import Mode, Role
 from disagg.api.status import AutoscalerMemory, ObservedMetrics
@@ -43,11 +45,14 @@ from disagg.autoscale.recall import recalled
 from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
 from disagg.perf.engine_buckets import latency_buckets
+from disagg.render.workers import engine_image
 from disagg.status import ScalingRecord
 
 log = logging.getLogger("disagg.autoscaler")
 DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 POOLS: Final[tuple[PoolName, ...]] = ("prefill", "decode")
+IRRELEVANT_TO_SPEED: Final = frozenset({"replicas", "autoscaling", "priorityClassName"})
+"""Pool fields that change how many engines run, or their eviction order, not how fast."""
 Obj = dict[str, Any]
 SourceFactory = Callable[[str], PrometheusSource]
 
@@ -79,6 +84,9 @@ class Evaluation:
     signals: Mapping[PoolName, Signals] = field(default_factory=dict)
     unavailable: str | None = None
     at: float = 0.0
+    relearning: tuple[PoolName, ...] = ()
+    """Phases whose pool's spec changed how fast its engines are: their speed is learned
+    again."""
 
     def replicas(self) -> dict[str, int]:
         return {d.pool: d.desired for d in self.decisions}
@@ -97,6 +105,24 @@ def recalled_state(
     state = ScalerState(memories=recall.memories, mode=mode, saved=recall.kept)
     state.unreadable = bool(recall.problems)
     return state, recall.problems
+
+
+def pool_shape(model: DisaggregatedModel, phase: PoolName) -> str:
+    """A digest of what sets how fast the engines serving ``phase`` are: the model, the
+    engine and the image in force, the pool's GPUs, TP, batching, flags and placement; not
+    its replica counts. Fields left at their defaults are left out, so an operator release
+    that adds one does not make every pool learn again."""
+    spec = model.spec
+    role = _pool_of(model, phase)
+
+    def wire(part: ApiModel) -> dict[str, Any]:
+        return part.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+
+    pool = {k: v for k, v in wire(spec.pool(role)).items() if k not in IRRELEVANT_TO_SPEED}
+    engine = {k: v for k, v in wire(spec.engine).items() if k != "imagePullPolicy"}
+    shape = {"model": wire(spec.model), "engine": engine, "image": engine_image(spec),
+             "role": role, "pool": pool}  # fmt: skip
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _colocated(model: DisaggregatedModel) -> bool:
@@ -188,6 +214,7 @@ async def evaluate(
     policies = pool_policies(model)
     rules = behavior(model)
     share_look_back(state.memories.values())
+    relearning = tuple(p for p in POOLS if state.memories[p].reshape(pool_shape(model, p)))
     decisions = []
     for phase in POOLS:
         pool = _pool_of(model, phase)
@@ -211,7 +238,7 @@ async def evaluate(
     else:
         scoped = {"prefill": policies["prefill"], "decode": policies["decode"]}
     budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
-    return Evaluation(decisions=tuple(budgeted), signals=signals, at=now)
+    return Evaluation(decisions=tuple(budgeted), signals=signals, at=now, relearning=relearning)
 
 
 def _metrics(signals: Mapping[PoolName, Signals], at: float) -> ObservedMetrics:
@@ -263,6 +290,12 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
         }
         for d in evaluation.resized()
     ]
+    if evaluation.relearning:
+        pools = " and ".join(evaluation.relearning)
+        events.append({"type": "Normal", "reason": "LearningAgain", "message": (
+            f"{pools}: the spec changed what sets how fast the engines are (model, engine, "
+            "GPUs, TP, batching, flags or placement): their speed is learned again"
+        )})  # fmt: skip
     unreachable = [f"{d.pool}: {d.unreachable}" for d in evaluation.decisions if d.unreachable]
     if unreachable and UNREACHABLE_MARK not in str(
         before.get("ScalingLimited", {}).get("message", "")

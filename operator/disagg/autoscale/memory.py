@@ -115,6 +115,23 @@ class PoolMemory:
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
     over both a trend (no scale-down while it lasts; a decode pool's headroom)."""
 
+    shape: str | None = None
+    """A digest of the spec that sets how fast the pool's engines are (model, engine, GPUs,
+    TP, batching, flags, placement) when its speed and knee were learned."""
+
+    def reshape(self, shape: str) -> bool:
+        """Note the digest of the spec the pool's engines run. When it changed, what was
+        learned of their speed goes (the prefill speeds, the decode knee and step line): a
+        pool on another model, TP degree, GPU or engine is not as fast, and a speed read
+        too high fades only while the pool is idle. The traffic's history and the learned
+        look-back stay. True when it changed."""
+        changed = self.shape is not None and self.shape != shape
+        if changed:
+            self.prefill_speed = self.batched_speed = self.batched_prompt = self.batch = None
+            self.steps = []
+        self.shape = shape
+        return changed
+
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None
     ) -> None:

@@ -124,8 +124,7 @@ def remembered(memories: Mapping[PoolName, PoolMemory], mode: Mode, now: float) 
         learned["provisioning_seconds"] = learned["provisioning_seconds"] or DEFAULT_PROVISIONING
         learned["look_back_seconds"] = learned["look_back_seconds"] or 0.0
         pools[pool] = PoolMemoryStatus(
-            learned=LearnedCapacity.model_validate(learned),
-            history=text,
+            learned=LearnedCapacity.model_validate(learned), shape=memory.shape, history=text
         )
     return AutoscalerMemory(mode=mode, saved_at=rfc3339(base), **pools)
 
@@ -189,6 +188,7 @@ def _restore(saved: PoolMemoryStatus, base: float, now: float) -> PoolMemory:
     count = history.get("ready_count")
     if count is not None:
         memory.ready_count = _sample("ready_count", 0, [count], ("count",), base)[0]
+    memory.shape = saved.shape
     learned = saved.learned
     for name, status_name in LEARNED.items():
         value = getattr(learned, status_name)
