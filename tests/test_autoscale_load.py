@@ -19,6 +19,7 @@ from disagg.autoscale.policy import (
     Signals,
     decide_pool,
 )
+from disagg.autoscale.reach import unreachable
 from disagg.perf.buckets import LATENCY_BUCKETS
 
 NOW = 50_000.0
@@ -339,6 +340,28 @@ def test_prompts_that_miss_at_any_size_leave_the_others_latency_read() -> None:
     served = ((0.5, 85.0), (1.0, 95.0), (2.5, 95.0), (5.0, 100.0), (float("inf"), 100.0))
     held = decide(ttft_buckets=served)
     assert held.startswith("hold ") and "TTFT p94 952ms vs SLO 2000ms" in held, held
+
+
+def test_a_quiet_pool_judges_its_long_prompts_by_the_times_they_took() -> None:
+    """The speed kept is the best one seen, read on shorter prompts; scaled by it, a quiet
+    pool's long prompts read faster than they ran, and fewer of them as out of reach."""
+    # 5% of prompts take over the 2 s SLO. The mean one (8000 tokens) took 1 s, where the
+    # best speed seen (16000 tokens/s) says 0.5 s.
+    memory = PoolMemory(prefill_speed=16_000)
+
+    def out_of_reach(**extra: object) -> float:
+        signals = prefill(4.0, 1.0, prefill_buckets=UNREACHABLE_PROMPTS, prefill_seconds=1.0,
+                          prompt_tokens_rate=8000.0, pods_reporting=2, **extra)  # fmt: skip
+        found = unreachable("prefill", signals, 2, PREFILL, memory, 0.4)
+        return found[0] if found else 0.0
+
+    # 4000 tokens/s a replica, a quarter of what one computes, and no queue: as they ran.
+    assert out_of_reach() == pytest.approx(0.05)
+    # With a queue, prefill times include the prompts batched with them: halved, as the
+    # speed says, a third of those over the SLO are under it alone.
+    assert out_of_reach(queue=5.0) == pytest.approx(0.05 / 3)
+    memory.queues = [(NOW - 15, 3.0, None)]  # a queue within the rate window: the same
+    assert out_of_reach() == pytest.approx(0.05 / 3)
 
 
 def test_a_backlog_is_sized_as_it_will_be_when_the_ordered_replicas_serve() -> None:

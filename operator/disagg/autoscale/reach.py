@@ -34,13 +34,21 @@ def prefill_alone(signals: Signals, memory: PoolMemory) -> tuple[tuple[float, fl
 
     Under load a prompt's prefill phase includes the prompts batched into its steps; the
     learned speed says how long the mean prompt takes alone, and every bucket is scaled by
-    the same factor (never up)."""
+    the same factor (never up). A pool under half busy at that speed, with no queue over
+    the rate window, batches little: its histogram is read as it is. Scaled there, by a
+    speed that is the best one seen (on shorter prompts, each token is faster), the long
+    prompts' times shrank: fewer of them read as out of reach, the p99 of the others was
+    read among them, and diurnal long context kept a prefill replica it did not need."""
     rate, tokens, observed = (
         signals.request_rate,
         signals.prompt_tokens_rate,
         signals.prefill_seconds,
     )
     if not memory.prefill_speed or not rate or not tokens or not observed:
+        return signals.prefill_buckets
+    pods = signals.pods_reporting
+    quiet = not signals.queue and not any(waiting for _, waiting, _ in memory.queues)
+    if quiet and pods and tokens / pods < sizing.BUSY_SHARE * memory.prefill_speed:
         return signals.prefill_buckets
     alone = min(1.0, tokens / rate / memory.prefill_speed / observed)
     return tuple((bound * alone, count) for bound, count in signals.prefill_buckets)
