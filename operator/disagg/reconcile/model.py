@@ -384,7 +384,9 @@ class Reconciler:
         if keep_memory and MEMORY_KEY in old:
             new[MEMORY_KEY] = old[MEMORY_KEY]
         patch = status_patch(old, new)
-        saved = epoch_of((old.get(MEMORY_KEY) or {}).get("savedAt"))
+        kept = old.get(MEMORY_KEY)
+        when = kept.get("savedAt") if isinstance(kept, dict) else None
+        saved = epoch_of(when) if isinstance(when, str) else None
         age = None if saved is None or rewrite_memory else self.clock() - saved
         if not worth_writing(patch, age):
             return outcome
