@@ -26,7 +26,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,10 @@ class Restarted:
     at: list[float]
     carry: Callable[[Memories, float], Memories]
     name: str = "ours, restarted"
-    done: list[float] = field(default_factory=list)
 
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
         while self.at and now >= self.at[0]:
-            self.done.append(self.at.pop(0))
+            self.at.pop(0)
             kept: Memories = {p: self.inner.memory(p) for p in POOLS}
             self.inner._memory = {pool: m for pool, m in self.carry(kept, now).items()}
         return self.inner.desired(pool, stats, now)

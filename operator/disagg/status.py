@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from pydantic import ValidationError
+
 from disagg.api.status import (
     CONDITION_TYPES,
     AutoscalerMemory,
@@ -33,6 +35,7 @@ from disagg.api.status import (
     RouterStatus,
 )
 from disagg.autoscale.recall import worth_saving
+from disagg.clock import epoch_of
 from disagg.rollout import (
     deployment_counts,
     replica_failures,
@@ -324,3 +327,26 @@ def worth_writing(patch: Obj | None, memory_age: float | None = None) -> bool:
     if rest or (isinstance(metrics, dict) and set(metrics) != {"observedAt"}):
         return True
     return MEMORY_KEY in patch and worth_saving(patch[MEMORY_KEY], memory_age)
+
+
+def previous_status(raw: Obj | None) -> DisaggregatedModelStatus | None:
+    """The status a model carries, parsed; None when it has none or someone wrote garbage
+    into it (then it is computed from scratch). The autoscaler's memory is read on its own
+    (:func:`disagg.autoscale.recall.recalled`): one that cannot be read costs what it
+    learned, not the conditions' transition times."""
+    rest = {k: v for k, v in (raw or {}).items() if k != MEMORY_KEY}
+    if not rest:
+        return None
+    try:
+        return DisaggregatedModelStatus.model_validate(rest)
+    except ValidationError:
+        return None
+
+
+def memory_age(raw: Obj, now: float) -> float | None:
+    """Seconds since the autoscaler's memory in this status was saved; None without one
+    (or with a time that does not read as one)."""
+    kept = raw.get(MEMORY_KEY)
+    when = kept.get("savedAt") if isinstance(kept, dict) else None
+    saved = epoch_of(when) if isinstance(when, str) else None
+    return None if saved is None else now - saved

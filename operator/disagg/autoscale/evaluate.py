@@ -102,8 +102,9 @@ def recalled_state(
     that could not be read (that pool learns again, and the next status write replaces it)."""
     mode = model.spec.mode
     recall = recalled(saved, mode, POOLS, now)
-    state = ScalerState(memories=recall.memories, mode=mode, saved=recall.kept)
-    state.unreadable = bool(recall.problems)
+    state = ScalerState(
+        memories=recall.memories, mode=mode, saved=recall.kept, unreadable=bool(recall.problems)
+    )
     return state, recall.problems
 
 

@@ -24,8 +24,6 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from pydantic import ValidationError
-
 from disagg.api.base import parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.spec import Role
@@ -42,7 +40,7 @@ from disagg.autoscale.evaluate import (
 )
 from disagg.autoscale.metrics import PrometheusSource
 from disagg.autoscale.recall import remembered
-from disagg.clock import Clock, epoch_of, rfc3339, system_clock
+from disagg.clock import Clock, rfc3339, system_clock
 from disagg.kube.client import KubeClient, KubeError
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
@@ -57,6 +55,8 @@ from disagg.status import (
     ScalingRecord,
     compute_status,
     invalid_status,
+    memory_age,
+    previous_status,
     status_patch,
     worth_writing,
 )
@@ -86,18 +86,6 @@ class Outcome:
     """Seconds until the next autoscaler evaluation is due, or the status write's wait ends."""
     status_waiting: bool = False
     """The status write waits for the Deployment controller (see OBSERVE_WAIT_SECONDS)."""
-
-
-def _previous_status(body: Obj) -> DisaggregatedModelStatus | None:
-    # The autoscaler's memory is read on its own (recall.recalled): one it cannot read
-    # costs what it learned, not the conditions' transition times.
-    raw = {k: v for k, v in (body.get("status") or {}).items() if k != MEMORY_KEY}
-    if not raw:
-        return None
-    try:
-        return DisaggregatedModelStatus.model_validate(raw)
-    except ValidationError:
-        return None  # someone wrote garbage into status: recompute from scratch
 
 
 def _already_degraded(
@@ -165,7 +153,7 @@ class Reconciler:
             return Outcome(gone=True)  # ownerReferences let the garbage collector remove children
         now = self.clock()
         generation = int(body["metadata"].get("generation", 0))
-        previous = _previous_status(body)
+        previous = previous_status(body.get("status"))
         try:
             model = parse_model(body)
         except ManifestError as error:
@@ -384,10 +372,7 @@ class Reconciler:
         if keep_memory and MEMORY_KEY in old:
             new[MEMORY_KEY] = old[MEMORY_KEY]
         patch = status_patch(old, new)
-        kept = old.get(MEMORY_KEY)
-        when = kept.get("savedAt") if isinstance(kept, dict) else None
-        saved = epoch_of(when) if isinstance(when, str) else None
-        age = None if saved is None or rewrite_memory else self.clock() - saved
+        age = None if rewrite_memory else memory_age(old, self.clock())
         if not worth_writing(patch, age):
             return outcome
         try:
