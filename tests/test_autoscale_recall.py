@@ -141,7 +141,7 @@ def test_a_memory_that_does_not_validate_is_named_by_field() -> None:
     recall = recalled(saved, "disaggregated", POOLS, NOW)
     assert recall.problems == [
         "status.autoscalerMemory.prefill.learned.prefillTokensPerSecond: "
-        "Input should be greater than 0"
+        "Input should be greater than 0 (got -5)"
     ]
     saved["prefill"]["learned"]["prefillTokensPerSecond"] = 5000
     recall = recalled(saved, "disaggregated", POOLS, NOW)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from disagg.cli import build_parser, main
+from disagg.diagnose import cli as diagnose_cli
 from disagg.diagnose.advice import EngineFacts, Traffic, best_budget, next_step
 from disagg.diagnose.cli import _settings
 from disagg.diagnose.report import to_json, to_text
@@ -312,3 +313,22 @@ def test_an_explicit_cluster_that_cannot_be_reached_is_an_error(
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.startswith("error: cannot read DisaggregatedModel team-a/chat: "), err
+
+
+def test_the_clusters_model_is_read_whatever_its_status_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Status is the operator's, and may come from another version of it: its fields do not
+    decide whether the user's spec can be diagnosed."""
+    stored = {
+        "apiVersion": "disagg.dev/v1alpha1", "kind": "DisaggregatedModel",
+        "metadata": {"name": "chat", "namespace": "ns", "generation": 3},
+        "spec": {"model": {"name": "m"}, "autoscaling": {"ttftP99": "3s", "tpotP99": "40ms"}},
+        "status": {"rolloutHistory": [{"revision": 2}], "autoscalerMemory": {"mode": 7}},
+    }  # fmt: skip
+    monkeypatch.setattr(diagnose_cli, "_from_cluster", lambda *_: stored)
+    args = build_parser().parse_args(
+        ["diagnose", "--prometheus", "http://p:9090", "--model", "chat", "--namespace", "ns"]
+    )
+    slo, _, _, source = _settings(args)
+    assert slo == Slo(3.0, 0.04) and source == "cluster"

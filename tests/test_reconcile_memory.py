@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+from disagg.api.crd import model_schema
+from disagg.api.resource import known_fields
+from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.recall import MEMORY_REFRESH_SECONDS
 from disagg.kube.events import EventRecorder
@@ -167,3 +170,44 @@ async def test_a_pool_whose_engines_changed_learns_their_speed_again_and_keeps_i
     world.clock.now += 15
     await world.reconcile()
     assert len(world.events("LearningAgain")) == 1
+
+
+async def test_the_status_this_version_writes_is_kept_whole_when_unknown_fields_are_left_out() -> (
+    None
+):
+    """What previous_status prunes is only what the CRD's schema does not describe."""
+    world = World(autoscaled())
+    await serving(world, 3)
+    status = world.model()["status"]
+    assert {"conditions", "metrics", "autoscalerMemory"} <= status.keys()
+    assert known_fields(status, model_schema(DisaggregatedModelStatus)) == status
+
+
+async def test_a_status_another_operator_version_wrote_leaves_the_model_reconciled() -> None:
+    """A rollback: the newer operator wrote status fields this one does not know. Status is
+    the operator's, not the user's: the model is not InvalidSpec, its conditions keep their
+    times, and only the memory holding an unknown field is learned again, by name."""
+    world = World(autoscaled())
+    await serving(world, 3)
+    ready_since = world.condition("Ready")["lastTransitionTime"]
+    status = world.model()["status"]
+    status["rolloutHistory"] = [{"revision": 2}]
+    for condition in status["conditions"]:
+        condition["severity"] = "Info"
+    status["autoscalerMemory"]["prefill"]["learned"]["warmupSeconds"] = 30.0
+    world.kube.set_status("DisaggregatedModel", NS, NAME, status)
+
+    restart(world)
+    world.clock.now += 15
+    outcome = await world.reconcile()
+    assert not outcome.invalid and not world.events("InvalidSpec")
+    assert world.condition("Degraded")["status"] == "False"
+    assert world.condition("Ready")["lastTransitionTime"] == ready_since
+    assert [event["message"] for event in world.events("AutoscalerMemoryUnreadable")] == [
+        "learning again: status.autoscalerMemory.prefill.learned.warmupSeconds: unknown field"
+    ]
+    # Still autoscaled: the next evaluation saved a memory this version can read.
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
+    assert len(world.events("AutoscalerMemoryUnreadable")) == 1

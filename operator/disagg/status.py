@@ -18,12 +18,15 @@ The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
+from disagg.api.crd import model_schema
+from disagg.api.resource import known_fields
 from disagg.api.status import (
     CONDITION_TYPES,
     AutoscalerMemory,
@@ -338,9 +341,16 @@ def previous_status(raw: Obj | None) -> DisaggregatedModelStatus | None:
     if not rest:
         return None
     try:
-        return DisaggregatedModelStatus.model_validate(rest)
+        # Fields another operator version wrote that this one does not know (a rollback)
+        # are left out, as the API server leaves out what the installed CRD does not know.
+        return DisaggregatedModelStatus.model_validate(known_fields(rest, _status_schema()))
     except ValidationError:
         return None
+
+
+@functools.cache
+def _status_schema() -> dict[str, Any]:
+    return model_schema(DisaggregatedModelStatus)
 
 
 def memory_age(raw: Obj, now: float) -> float | None:

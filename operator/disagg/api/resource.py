@@ -156,6 +156,41 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         raise ManifestError(format_validation_error(error)) from error
 
 
+def parse_stored_model(stored: object) -> DisaggregatedModel:
+    """A model as the API server holds it, validated as :func:`parse_model` validates a
+    manifest but without its status (the result's ``status`` is None).
+
+    Status is the operator's to write, and the operator that wrote it may be another
+    version: one rolled back to finds fields there it does not know. Validated with the
+    spec, those made every model InvalidSpec and stopped its reconciling, though nothing
+    the user wrote was wrong. Status is read on its own instead
+    (:func:`disagg.status.previous_status`, :func:`disagg.autoscale.recall.recalled`), and
+    what of it cannot be read is computed afresh."""
+    if isinstance(stored, dict):
+        stored = {key: value for key, value in stored.items() if key != "status"}
+    return parse_model(stored)
+
+
+def known_fields(value: Any, schema: dict[str, Any]) -> Any:
+    """``value`` with the fields ``schema`` does not describe left out, as the API server
+    prunes what a CRD's structural schema does not know (pure)."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if properties is None:
+            if isinstance(extra, dict):
+                return {key: known_fields(item, extra) for key, item in value.items()}
+            return value
+        return {
+            key: known_fields(item, properties[key])
+            for key, item in value.items()
+            if key in properties
+        }
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [known_fields(item, schema["items"]) for item in value]
+    return value
+
+
 @functools.cache
 def _spec_schema() -> dict[str, Any]:
     from disagg.api.crd import model_schema  # the CRD module builds on this one

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from disagg.api.resource import format_validation_error
 from disagg.api.spec import Mode
 from disagg.api.status import (
     MEMORY_HISTORY_MAX_LENGTH,
@@ -220,10 +221,7 @@ def recalled(saved: object, mode: Mode, pools: tuple[PoolName, ...], now: float)
     try:
         memory = AutoscalerMemory.model_validate(saved)
     except ValidationError as error:
-        return Recalled(fresh, [
-            f"status.autoscalerMemory.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-            for e in error.errors()
-        ])  # fmt: skip
+        return Recalled(fresh, format_validation_error(error, "status.autoscalerMemory"))
     if memory.mode != mode:
         return Recalled(fresh)
     base = epoch_of(memory.saved_at)
