@@ -3,6 +3,7 @@ model's status, read back by the next operator (or leader), never trusted blindl
 
 from __future__ import annotations
 
+import copy
 import json
 
 from disagg.api.crd import model_schema
@@ -11,6 +12,7 @@ from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.recall import MEMORY_REFRESH_SECONDS
 from disagg.kube.events import EventRecorder
+from disagg.naming import RELEARN_ANNOTATION
 from disagg.reconcile.model import Reconciler
 from test_reconcile_pass import NAME, NS, World, autoscaled
 
@@ -166,10 +168,54 @@ async def test_a_pool_whose_engines_changed_learns_their_speed_again_and_keeps_i
     assert memories["prefill"].recommendations[: len(seen)] == seen
     assert memories["decode"].batch == 12000.0  # the decode pool did not change
     (event,) = world.events("LearningAgain")
-    assert event["message"].startswith("prefill: the spec changed what sets how fast")
+    assert event["message"].startswith("prefill: what sets how fast the engines are changed")
     world.clock.now += 15
     await world.reconcile()
     assert len(world.events("LearningAgain")) == 1
+
+
+async def test_the_relearn_annotation_asks_both_pools_to_learn_their_speed_again() -> None:
+    """What the spec does not show (a moved image tag, new GPUs behind the same node
+    selector) is said with an annotation: each change of it forgets what was learned of the
+    engines, once, and keeps what the traffic taught."""
+    world = World(autoscaled())
+    await serving(world, 3)
+    memories = world.reconciler.scalers[NS, NAME].memories
+    memories["prefill"].prefill_speed = memories["decode"].batch = 12000.0
+    memories["prefill"].down_window = 900.0
+
+    def annotate(value: str | None) -> None:
+        obj = world.model()
+        annotations = obj["metadata"].setdefault("annotations", {})
+        if value is None:
+            annotations.pop(RELEARN_ANNOTATION)
+        else:
+            annotations[RELEARN_ANNOTATION] = value
+        world.kube.put(obj)
+
+    templates = {
+        r: copy.deepcopy(world.deployment(r)["spec"]["template"]) for r in ("prefill", "decode")
+    }
+    annotate("driver-550")
+    world.clock.now += 15
+    await world.reconcile()
+    assert memories["prefill"].prefill_speed is None and memories["decode"].batch is None
+    assert memories["prefill"].down_window == 900.0
+    (event,) = world.events("LearningAgain")
+    assert event["message"].startswith("prefill and decode: what sets how fast")
+    assert RELEARN_ANNOTATION in event["message"]
+    for role in ("prefill", "decode"):  # no pod restarts for it
+        assert world.deployment(role)["spec"]["template"] == templates[role]
+
+    memories["prefill"].prefill_speed = 9000.0
+    world.clock.now += 15
+    await world.reconcile()  # the same value: nothing more to learn again
+    assert memories["prefill"].prefill_speed == 9000.0 and len(world.events("LearningAgain")) == 1
+    annotate(None)
+    world.clock.now += 15
+    await world.reconcile()
+    assert memories["prefill"].prefill_speed is None
+    assert len(world.events("LearningAgain")) == 2
 
 
 async def test_the_status_this_version_writes_is_kept_whole_when_unknown_fields_are_left_out() -> (

@@ -21,6 +21,10 @@ PART_OF: Final = "disagg"
 MODEL_LABEL: Final = "disagg.dev/model"
 ROLE_LABEL: Final = "disagg.dev/role"
 SPEC_HASH_ANNOTATION: Final = "disagg.dev/spec-hash"
+RELEARN_ANNOTATION: Final = "disagg.dev/autoscaler-relearn"
+"""On a DisaggregatedModel: any change of its value (set, changed, removed) makes the
+autoscaler learn its pools' speeds again, for changes the spec does not show (a moved image
+tag, new hardware behind the same node selector, a driver upgrade)."""
 MULTUS_ANNOTATION: Final = "k8s.v1.cni.cncf.io/networks"
 SGLANG_BOOTSTRAP_ANNOTATION: Final = "sglang.ai/bootstrap-port"
 

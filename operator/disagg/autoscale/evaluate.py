@@ -44,6 +44,7 @@ from disagg.autoscale.queries import build_queries, pool_selector
 from disagg.autoscale.recall import recalled
 from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
+from disagg.naming import RELEARN_ANNOTATION
 from disagg.perf.engine_buckets import latency_buckets
 from disagg.render.workers import engine_image
 from disagg.status import ScalingRecord
@@ -112,7 +113,8 @@ def pool_shape(model: DisaggregatedModel, phase: PoolName) -> str:
     """A digest of what sets how fast the engines serving ``phase`` are: the model, the
     engine and the image in force, the pool's GPUs, TP, batching, flags and placement; not
     its replica counts. Fields left at their defaults are left out, so an operator release
-    that adds one does not make every pool learn again."""
+    that adds one does not make every pool learn again. The RELEARN_ANNOTATION's value, when
+    set, is part of it: what changed outside the spec is said by changing it."""
     spec = model.spec
     role = _pool_of(model, phase)
 
@@ -123,6 +125,9 @@ def pool_shape(model: DisaggregatedModel, phase: PoolName) -> str:
     engine = {k: v for k, v in wire(spec.engine).items() if k != "imagePullPolicy"}
     shape = {"model": wire(spec.model), "engine": engine, "image": engine_image(spec),
              "role": role, "pool": pool}  # fmt: skip
+    relearn = model.metadata.annotations.get(RELEARN_ANNOTATION)
+    if relearn is not None:
+        shape["relearn"] = relearn
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -294,8 +299,9 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
     if evaluation.relearning:
         pools = " and ".join(evaluation.relearning)
         events.append({"type": "Normal", "reason": "LearningAgain", "message": (
-            f"{pools}: the spec changed what sets how fast the engines are (model, engine, "
-            "GPUs, TP, batching, flags or placement): their speed is learned again"
+            f"{pools}: what sets how fast the engines are changed (the model, engine, "
+            f"GPUs, TP, batching, flags or placement, or the {RELEARN_ANNOTATION} "
+            "annotation): their speed is learned again"
         )})  # fmt: skip
     unreachable = [f"{d.pool}: {d.unreachable}" for d in evaluation.decisions if d.unreachable]
     if unreachable and UNREACHABLE_MARK not in str(
