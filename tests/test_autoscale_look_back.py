@@ -107,6 +107,30 @@ def test_a_scale_up_for_a_surge_holds_what_it_ordered_for_three_look_backs() -> 
     assert first_down <= 15 * 100 + 300 + 15, resizes
 
 
+def test_a_burst_the_held_pool_absorbs_holds_it_again() -> None:
+    # A burst at 30 req/s grew the pool to 3 and holds it 15 minutes. Eleven minutes later a
+    # smaller burst (14 req/s, which 2 replicas would serve) comes while the 3 are held: they
+    # absorb it within the SLO. Bursts keep coming, so the 3 are held for 15 minutes from the
+    # second one: before, it was given back 15 minutes after the first, just before the
+    # next burst came (a flap, and that burst's misses).
+    rates = [8.0] * 40 + [30.0] * 12 + [8.0] * 40 + [14.0] * 8 + [8.0] * 120
+    resizes = prefill_timeline(rates, 2)
+    absorbed = 15 * 93  # the second burst's second evaluation: its rate is read over a minute
+    (down,) = [(t, d) for t, _, d in resizes if d.action == "down"]
+    assert down[0] >= absorbed + 900, resizes
+    # Only a burst on steady traffic counts: the same arrivals coming back after a dip (the
+    # router sending short prompts to decode while a backlog waited at prefill) are not one.
+    memory = PoolMemory(provisioning=120.0)
+    dipped = [8.0] * 12 + [3.0] * 6 + [8.0] * 3
+    for step, rate in enumerate(dipped):
+        memory.note_arrivals(NOW + 15 * step, rate, window=60.0)
+    assert not memory.over_steady(NOW + 15 * (len(dipped) - 1))
+    steady = [8.0] * 18 + [14.0]
+    for step, rate in enumerate(steady):
+        memory.note_arrivals(NOW + 1000 + 15 * step, rate, window=60.0)
+    assert memory.over_steady(NOW + 1000 + 15 * (len(steady) - 1))
+
+
 def test_arrivals_starting_or_rising_slowly_are_no_surge() -> None:
     def surge_after(rates: list[float]) -> float | None:
         memory = PoolMemory(provisioning=120.0)

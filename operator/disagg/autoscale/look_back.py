@@ -53,6 +53,22 @@ class LookBackReading:
     forgotten: float | None
     """The learned look-back an hour without bursts just halved."""
 
+    def absorbed(
+        self, pool: PoolName, memory: PoolMemory, behavior: Behavior, now: float, *,
+        within_slo: bool,
+    ) -> bool:  # fmt: skip
+        """Whether the pool absorbs this surge at the size it holds, all of it ready and
+        ``within_slo``, arriving on steady traffic (PoolMemory.over_steady); if so that size
+        is what a burst takes, and it is held as a surge's scale-up holds what it ordered (a
+        bigger burst after a smaller one found the pool given back). Read where requests
+        arrive: what reaches a decode pool also surges when a prefill backlog drains."""
+        if pool != "prefill" or self.surge is None or not within_slo:
+            return False
+        if not memory.over_steady(now):
+            return False
+        memory.hold_burst(now, behavior.down_window)
+        return True
+
     def news(self, memory: PoolMemory, configured: float, *, scaled_up: bool) -> str:
         """What this evaluation changed in the look-back, for the decision's reason: a
         surge's scale-up or a burst's end that lengthened it (to what ``memory`` holds now,

@@ -256,6 +256,23 @@ class PoolMemory:
         ratio = change[0] / change[1]
         return ratio if ratio >= SURGE_RATIO else None
 
+    def over_steady(self, now: float) -> bool:
+        """Whether the arrivals now are SURGE_RATIO times or more their median over the
+        history kept (two provisioning delays and a window), and that history never fell
+        below 1/SURGE_RATIO of it: arrivals coming back after a dip (short prompts the router
+        sent to decode while a backlog waited at prefill) are no burst."""
+        if not self.arrivals or self.arrivals[-1][0] != now:
+            return False
+        if now - self.arrivals[0][0] < 2 * self.provisioning:
+            return False
+        before = sorted(value for t, value in self.arrivals if t < now)
+        usual = before[len(before) // 2]
+        return (
+            usual > 0
+            and self.arrivals[-1][1] >= SURGE_RATIO * usual
+            and before[0] >= usual / SURGE_RATIO
+        )
+
     def plunge(self, now: float, window: float) -> float | None:
         """How many times the arrivals now their mean one to two provisioning delays ago was,
         when that is SURGE_RATIO or more (and beyond the rates' noise: see _change), and the

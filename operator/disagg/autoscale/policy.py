@@ -32,7 +32,8 @@ what the policy remembers in :mod:`disagg.autoscale.memory`. The rules, each cov
   ``scaleDown.stabilizationWindow`` (longer, up to 4x, once a scale-down of either pool
   was undone within 5 minutes: bursts that come back are learned, and every request passes
   through both pools: :func:`~disagg.autoscale.look_back.share_look_back`; 3x from a scale-up
-  for a surge, arrivals up by half from one provisioning delay to the next, or from a
+  for a surge, arrivals up by half from one provisioning delay to the next (also one a
+  prefill pool absorbs within its SLO on steady traffic: it holds its size), or from a
   burst's end, the requests reaching a decode pool down by a third, far beyond their noise,
   and the sequences it holds down too: a burst may come back before a flap could teach it;
   halved after an hour with none of these), not while arrivals rise over both of the last
@@ -290,7 +291,9 @@ def decide_pool(
             memory.scaled(now, desired > current, behavior.down_window, look_back.surge is not None)
         # A burst may come back: say how long what it took is now held (the look-back
         # scaled() left, a flap's included).
-        reason += look_back.news(memory, behavior.down_window, scaled_up=desired > current)
+        reason += look_back.news(
+            memory, behavior.down_window, scaled_up=desired > current or absorbed
+        )
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
             unreachable=why_unreachable, unreachable_share=share,
@@ -299,6 +302,8 @@ def decide_pool(
     # What the scale-down look-back keeps: a backlog's share of a recommendation is not
     # load that comes back once it is drained.
     sustained = None if need is None else max(policy.min_replicas, need.sustained)
+    within = ready == current and signals.p99 is not None and signals.p99 <= policy.slo
+    absorbed = look_back.absorbed(pool, memory, behavior, now, within_slo=within)
     down_window = max(behavior.down_window, memory.down_window)
     horizon = 2 * max(behavior.up_window, down_window) + 60
     # A pool idle for the spec's whole look-back has seen traffic stop, not a pause between
@@ -362,8 +367,10 @@ def decide_pool(
         fewer = max(1, current - 1)
         after = pressure * current / fewer if current > 1 else pressure
         recommendation = current - 1 if after < DOWN_HEADROOM else current
+    if absorbed:
+        recommendation = current
     recommendation = max(policy.min_replicas, min(current, recommendation))
-    memory.remember(now, recommendation, horizon, sustained if quiet else None)
+    memory.remember(now, recommendation, horizon, sustained if quiet and not absorbed else None)
     peak = memory.window_peak(now, down_window)
     kept_for = need.kept_for if need is not None and quiet else ""
     if recommendation >= current:
