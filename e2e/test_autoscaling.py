@@ -12,6 +12,8 @@ from closedloop import TIME_SCALE, LoadReport, ReplicaRecorder, Stack, drive, st
 from dataplane import LOG_DIR
 from disagg.autoscale.evaluate import DELETION_COST, POOLS
 from disagg.autoscale.recall import recalled
+from disagg.demo.load import MODEL
+from disagg.naming import RELEARN_ANNOTATION
 from harness import Kube, Operator, wait_for
 
 
@@ -155,3 +157,25 @@ def test_operator_restart_mid_scenario_changes_nothing(loop: Stack) -> None:
     assert not any(k for k in writes if 'kind="Deployment"' in k), writes
     reasons = {e.get("reason") for e in loop.kube.items("events", loop.namespace)}
     assert "AutoscalerMemoryUnreadable" not in reasons
+    assert "LearningAgain" not in reasons  # the same engines: their speed stands
+
+    # What the spec does not show (an image tag that moved, new GPUs) is said with an
+    # annotation: the pools learn their speeds again, and no pod restarts for it.
+    def templates() -> list[object]:
+        return [
+            (loop.kube.get("deployment", f"{MODEL}-{role}", loop.namespace) or {})["spec"][
+                "template"
+            ]
+            for role in ("prefill", "decode")
+        ]
+
+    before_templates = templates()
+    loop.kube.run("annotate", "dm", MODEL, "-n", loop.namespace, f"{RELEARN_ANNOTATION}=e2e")
+
+    def learning_again() -> bool:
+        return any(
+            e.get("reason") == "LearningAgain" for e in loop.kube.items("events", loop.namespace)
+        )
+
+    wait_for("a LearningAgain event", learning_again, timeout=30)
+    assert templates() == before_templates

@@ -211,10 +211,18 @@ async def test_the_relearn_annotation_asks_both_pools_to_learn_their_speed_again
     world.clock.now += 15
     await world.reconcile()  # the same value: nothing more to learn again
     assert memories["prefill"].prefill_speed == 9000.0 and len(world.events("LearningAgain")) == 1
+    # Said at once even while Prometheus is out of reach, and kept in status: a restart
+    # before the metrics come back does not learn again a second time.
+    world.prometheus.down = True
     annotate(None)
     world.clock.now += 15
     await world.reconcile()
     assert memories["prefill"].prefill_speed is None
+    assert len(world.events("LearningAgain")) == 2
+    assert len(world.events("MetricsUnavailable")) == 1
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
     assert len(world.events("LearningAgain")) == 2
 
 

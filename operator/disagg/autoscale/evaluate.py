@@ -213,14 +213,15 @@ async def evaluate(
     """Decide the pools' sizes from Prometheus (``deployments`` by role); reads only, never
     raises for missing data. A colocated engine pool is sized for both phases, each with its
     own memory, and gets the larger size."""
+    # Said as soon as the spec or the annotation changes, metrics or not.
+    relearning = tuple(p for p in POOLS if state.memories[p].reshape(pool_shape(model, p)))
     try:
         signals = await read_signals(model, source)
     except MetricsUnavailable as error:
-        return Evaluation(unavailable=str(error), at=now)
+        return Evaluation(unavailable=str(error), at=now, relearning=relearning)
     policies = pool_policies(model)
     rules = behavior(model)
     share_look_back(state.memories.values())
-    relearning = tuple(p for p in POOLS if state.memories[p].reshape(pool_shape(model, p)))
     decisions = []
     for phase in POOLS:
         pool = _pool_of(model, phase)
@@ -283,11 +284,19 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
     """The Events an evaluation posts: one per resize, and a Warning the first time metrics
     go missing or an SLO becomes unreachable (pure; ``type``, ``reason``, ``message``)."""
     before = {c.get("type"): c for c in previous_conditions}
+    learning = []
+    if evaluation.relearning:
+        pools = " and ".join(evaluation.relearning)
+        learning.append({"type": "Normal", "reason": "LearningAgain", "message": (
+            f"{pools}: what sets how fast the engines are changed (the model, engine, "
+            f"GPUs, TP, batching, flags or placement, or the {RELEARN_ANNOTATION} "
+            "annotation): their speed is learned again"
+        )})  # fmt: skip
     if evaluation.unavailable is not None:
         if before.get("ScalingActive", {}).get("reason") == "MetricsUnavailable":
-            return []
+            return learning
         message = f"holding replicas: {evaluation.unavailable}"
-        return [{"type": "Warning", "reason": "MetricsUnavailable", "message": message}]
+        return [{"type": "Warning", "reason": "MetricsUnavailable", "message": message}, *learning]
     events = [
         {
             "type": "Normal",
@@ -296,13 +305,7 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
         }
         for d in evaluation.resized()
     ]
-    if evaluation.relearning:
-        pools = " and ".join(evaluation.relearning)
-        events.append({"type": "Normal", "reason": "LearningAgain", "message": (
-            f"{pools}: what sets how fast the engines are changed (the model, engine, "
-            f"GPUs, TP, batching, flags or placement, or the {RELEARN_ANNOTATION} "
-            "annotation): their speed is learned again"
-        )})  # fmt: skip
+    events.extend(learning)
     unreachable = [f"{d.pool}: {d.unreachable}" for d in evaluation.decisions if d.unreachable]
     if unreachable and UNREACHABLE_MARK not in str(
         before.get("ScalingLimited", {}).get("message", "")

@@ -247,7 +247,7 @@ class Reconciler:
         source = self.prometheus(model.spec.autoscaling.prometheus_url)
         status = body.get("status") or {}
         evaluation = await evaluate(model, source, deployments, status, state, now)
-        if evaluation.unavailable is None:
+        if evaluation.unavailable is None or evaluation.relearning:
             state.saved = remembered(state.memories, state.mode, now)
         for decision in evaluation.resized():
             if decision.desired < decision.current:
