@@ -174,6 +174,8 @@ def parse_stored_model(stored: object) -> DisaggregatedModel:
 def known_fields(value: Any, schema: dict[str, Any]) -> Any:
     """``value`` with the fields ``schema`` does not describe left out, as the API server
     prunes what a CRD's structural schema does not know (pure)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
     if isinstance(value, dict) and schema.get("type") == "object":
         properties = schema.get("properties")
         extra = schema.get("additionalProperties")

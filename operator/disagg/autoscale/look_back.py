@@ -53,7 +53,7 @@ class LookBackReading:
     forgotten: float | None
     """The learned look-back an hour without bursts just halved."""
 
-    def absorbed(
+    def hold_absorbed(
         self, pool: PoolName, memory: PoolMemory, behavior: Behavior, now: float, *,
         within_slo: bool,
     ) -> bool:  # fmt: skip

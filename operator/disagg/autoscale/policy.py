@@ -303,7 +303,7 @@ def decide_pool(
     # load that comes back once it is drained.
     sustained = None if need is None else max(policy.min_replicas, need.sustained)
     within = ready == current and signals.p99 is not None and signals.p99 <= policy.slo
-    absorbed = look_back.absorbed(pool, memory, behavior, now, within_slo=within)
+    absorbed = look_back.hold_absorbed(pool, memory, behavior, now, within_slo=within)
     down_window = max(behavior.down_window, memory.down_window)
     horizon = 2 * max(behavior.up_window, down_window) + 60
     # A pool idle for the spec's whole look-back has seen traffic stop, not a pause between
