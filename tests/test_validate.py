@@ -359,6 +359,21 @@ def test_what_the_crd_refuses_disagg_validate_refuses(
     assert "Value error" not in output and "PoolSpec" not in output
 
 
+def test_a_status_is_not_the_manifests_to_get_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``kubectl get -o yaml`` returns, status and all, perhaps from another operator
+    version: the API server drops a status from a create (the CRD has a status subresource)
+    and keeps it out of an update, so it does not refuse one, and neither does this."""
+    model = load_example("minimal")
+    model["status"] = {"rolloutHistory": [{"revision": 2}], "conditions": "not a list"}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0 and ": valid" in output, output
+    model["spec"]["bogus"] = 1  # the spec still is
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and "spec.bogus: unknown field" in output, output
+
+
 def test_alias_bombs_and_deep_nesting_are_refused_quickly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -120,9 +120,18 @@ def _json_type(value: object) -> str:
 
 
 def parse_model(manifest: object) -> DisaggregatedModel:
-    """Validate a manifest (a parsed YAML/JSON document) into a :class:`DisaggregatedModel`."""
+    """Validate a manifest (a parsed YAML/JSON document) into a :class:`DisaggregatedModel`,
+    without its status (the result's ``status`` is None)."""
     if not isinstance(manifest, dict):
         raise ManifestError([f"<root>: expected a mapping, got {type(manifest).__name__}"])
+    # Status is left out, as the API server leaves it out of a create (the CRD has a status
+    # subresource: apiextensions' PrepareForCreate deletes it before validating) and keeps
+    # it out of an update. It is the operator's to write, perhaps by another version (a
+    # rollback finds fields there it does not know), and it is read on its own
+    # (disagg.status.previous_status, disagg.autoscale.recall.recalled): validated with the
+    # spec, it made a model InvalidSpec, and stopped reconciling it, for nothing the user
+    # wrote.
+    manifest = {key: value for key, value in manifest.items() if key != "status"}
     problems = []
     if manifest.get("apiVersion") != API_VERSION:
         problems.append(f"apiVersion: expected {API_VERSION!r}, got {manifest.get('apiVersion')!r}")
@@ -154,21 +163,6 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         return DisaggregatedModel.model_validate(manifest)
     except ValidationError as error:
         raise ManifestError(format_validation_error(error)) from error
-
-
-def parse_stored_model(stored: object) -> DisaggregatedModel:
-    """A model as the API server holds it, validated as :func:`parse_model` validates a
-    manifest but without its status (the result's ``status`` is None).
-
-    Status is the operator's to write, and the operator that wrote it may be another
-    version: one rolled back to finds fields there it does not know. Validated with the
-    spec, those made every model InvalidSpec and stopped its reconciling, though nothing
-    the user wrote was wrong. Status is read on its own instead
-    (:func:`disagg.status.previous_status`, :func:`disagg.autoscale.recall.recalled`), and
-    what of it cannot be read is computed afresh."""
-    if isinstance(stored, dict):
-        stored = {key: value for key, value in stored.items() if key != "status"}
-    return parse_model(stored)
 
 
 def known_fields(value: Any, schema: dict[str, Any]) -> Any:

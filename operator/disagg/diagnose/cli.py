@@ -21,7 +21,7 @@ from requests.exceptions import RequestException
 from urllib3.util.retry import Retry
 
 from disagg.api.base import parse_duration
-from disagg.api.resource import KIND, ManifestError, parse_stored_model
+from disagg.api.resource import KIND, ManifestError, parse_model
 from disagg.autoscale.queries import prometheus_duration
 from disagg.diagnose.advice import EngineFacts, NextStep, Traffic, next_step
 from disagg.diagnose.report import to_json, to_text
@@ -156,7 +156,7 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts, str]:
         )
         if found is not None:
             try:
-                spec, source = parse_stored_model(found).spec, "cluster"
+                spec, source = parse_model(found).spec, "cluster"
             except ManifestError as error:
                 raise DiagnoseError(
                     f"{KIND} {args.namespace}/{args.model}: " + "; ".join(error.problems)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from disagg.api.base import parse_duration
-from disagg.api.resource import DisaggregatedModel, ManifestError, parse_stored_model
+from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.spec import Role
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.evaluate import (
@@ -155,7 +155,7 @@ class Reconciler:
         generation = int(body["metadata"].get("generation", 0))
         previous = previous_status(body.get("status"))
         try:
-            model = parse_stored_model(body)
+            model = parse_model(body)
         except ManifestError as error:
             status = invalid_status(error.problems, generation, previous, rfc3339(now))
             if not _already_degraded(previous, "InvalidSpec", generation):
