@@ -18,15 +18,13 @@ The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from disagg.api.crd import model_schema
-from disagg.api.resource import known_fields
+from disagg.api.resource import api_schema, known_fields
 from disagg.api.status import (
     CONDITION_TYPES,
     AutoscalerMemory,
@@ -343,14 +341,10 @@ def previous_status(raw: Obj | None) -> DisaggregatedModelStatus | None:
     try:
         # Fields another operator version wrote that this one does not know (a rollback)
         # are left out, as the API server leaves out what the installed CRD does not know.
-        return DisaggregatedModelStatus.model_validate(known_fields(rest, _status_schema()))
+        schema = api_schema(DisaggregatedModelStatus)
+        return DisaggregatedModelStatus.model_validate(known_fields(rest, schema))
     except ValidationError:
         return None
-
-
-@functools.cache
-def _status_schema() -> dict[str, Any]:
-    return model_schema(DisaggregatedModelStatus)
 
 
 def memory_age(raw: Obj, now: float) -> float | None:

@@ -46,7 +46,8 @@ class Metadata(BaseModel):
 
 
 class DisaggregatedModel(BaseModel):
-    """One DisaggregatedModel object: metadata, spec and (optionally) status."""
+    """One DisaggregatedModel object as the user wrote it: metadata and spec (its status is
+    the operator's, read on its own: see :func:`parse_model`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -54,7 +55,6 @@ class DisaggregatedModel(BaseModel):
     kind: str
     metadata: Metadata
     spec: DisaggregatedModelSpec
-    status: DisaggregatedModelStatus | None = None
 
 
 class ManifestError(ValueError):
@@ -120,8 +120,8 @@ def _json_type(value: object) -> str:
 
 
 def parse_model(manifest: object) -> DisaggregatedModel:
-    """Validate a manifest (a parsed YAML/JSON document) into a :class:`DisaggregatedModel`,
-    without its status (the result's ``status`` is None)."""
+    """Validate a manifest (a parsed YAML/JSON document), without its status, into a
+    :class:`DisaggregatedModel`."""
     if not isinstance(manifest, dict):
         raise ManifestError([f"<root>: expected a mapping, got {type(manifest).__name__}"])
     # Status is left out, as the API server leaves it out of a create (the CRD has a status
@@ -153,7 +153,8 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         raise ManifestError(problems)
     if isinstance(manifest.get("spec"), dict):
         nulls: list[str] = []
-        spec = without_defaulted_nulls(manifest["spec"], _spec_schema(), "spec", nulls)
+        schema = api_schema(DisaggregatedModelSpec)
+        spec = without_defaulted_nulls(manifest["spec"], schema, "spec", nulls)
         if nulls:
             raise ManifestError(
                 [f"{path}: null is not allowed; leave the field out" for path in nulls]
@@ -188,10 +189,13 @@ def known_fields(value: Any, schema: dict[str, Any]) -> Any:
 
 
 @functools.cache
-def _spec_schema() -> dict[str, Any]:
+def api_schema(
+    part: type[DisaggregatedModelSpec] | type[DisaggregatedModelStatus],
+) -> dict[str, Any]:
+    """The CRD's structural schema of ``spec`` or ``status``, built once (read, never changed)."""
     from disagg.api.crd import model_schema  # the CRD module builds on this one
 
-    return model_schema(DisaggregatedModelSpec)
+    return model_schema(part)
 
 
 def without_defaulted_nulls(value: Any, schema: dict[str, Any], path: str, nulls: list[str]) -> Any:
