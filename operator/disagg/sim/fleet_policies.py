@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from disagg.autoscale import combine
 from disagg.autoscale.policy import (
     Behavior,
+    Decision,
     PoolMemory,
     PoolPolicy,
     Signals,
@@ -42,6 +44,8 @@ class SloPolicy:
     policies: dict[PoolName, PoolPolicy]
     behavior: Behavior = field(default_factory=Behavior)
     name: str = "slo (ours)"
+    colocated: bool = False
+    """One engine pool serves both phases (the fleet calls it "decode")."""
     _memory: dict[str, PoolMemory] = field(default_factory=dict)
     _last_scale: dict[str, float] = field(default_factory=dict)
 
@@ -50,8 +54,22 @@ class SloPolicy:
         return self._memory.setdefault(pool, PoolMemory())
 
     def desired(self, pool: PoolName, stats: PoolStats, now: float) -> int:
+        share_look_back(self._memory.values())
+        if self.colocated:
+            # One engine pool serves both phases: sized, as the operator sizes it, for the
+            # larger of what its TTFT and its TPOT ask, each phase with its own memory.
+            phases = [self._decide(phase, pool, stats, now) for phase in ("prefill", "decode")]
+            decision = combine.colocated(*phases)
+        else:
+            decision = self._decide(pool, pool, stats, now)
+        if decision.desired != stats.replicas:
+            self._last_scale[pool] = now
+        return decision.desired
+
+    def _decide(self, phase: PoolName, pool: PoolName, stats: PoolStats, now: float) -> Decision:
+        """One phase's decision, read from the stats of the pool that serves it."""
         # The p99 as the operator reads it: Prometheus' interpolation over vLLM's buckets.
-        latency = stats.ttft_reported if pool == "prefill" else stats.tpot_reported
+        latency = stats.ttft_reported if phase == "prefill" else stats.tpot_reported
         # What the engines' own counters would report: requests and prompt tokens they
         # finished, not arrivals (the backlog shows in the queue).
         signals = Signals(
@@ -67,16 +85,12 @@ class SloPolicy:
             prefill_buckets=stats.prefill_buckets,
             tpot_mean=stats.tpot_mean,
             generation_tokens_rate=stats.generation_tokens_rate,
-            ttft_buckets=stats.ttft_buckets if pool == "prefill" else (),
+            ttft_buckets=stats.ttft_buckets if phase == "prefill" else (),
         )
-        share_look_back(self._memory.values())
-        decision = decide_pool(
-            pool, signals, stats.replicas, stats.ready, self.policies[pool], self.behavior,
-            self.memory(pool), self._last_scale.get(pool), now,
+        return decide_pool(
+            phase, signals, stats.replicas, stats.ready, self.policies[phase], self.behavior,
+            self.memory(phase), self._last_scale.get(pool), now,
         )  # fmt: skip
-        if decision.desired != stats.replicas:
-            self._last_scale[pool] = now
-        return decision.desired
 
 
 @dataclass

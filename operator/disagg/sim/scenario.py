@@ -147,6 +147,7 @@ def build_policy(scenario: Scenario, config: FleetConfig) -> ScalingPolicy:
                 ),
             },
             Behavior(window=config.window),
+            colocated=colocated,
         )  # fmt: skip
     raise KeyError(f"unknown policy {scenario.policy!r}; known: {', '.join(POLICIES)}")
 
