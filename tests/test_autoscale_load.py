@@ -744,6 +744,20 @@ def test_outputs_getting_longer_order_a_decode_replica_before_the_kv_cache_fills
     assert all(r.startswith("hold") for r in bursty), bursty
 
 
+def test_a_count_that_turned_bursty_minutes_ago_is_not_read_as_longer_outputs() -> None:
+    # Half an hour of a count that moves by a few sequences, then three minutes in which it
+    # swings between 40 and 90 (a wave of long prompts backs prefill up, and its steps land
+    # prompts on decode in bunches). Against the half hour's swing the rise below is beyond
+    # noise; against the last minutes' it is one more bunch (chat wave 602 ordered a decode
+    # replica for it twice, and gave it back each time).
+    calm = [(38.0, 10.0, 0.14), (40.0, 10.0, 0.15), (42.0, 10.0, 0.16), (40.0, 10.0, 0.15)] * 28
+    bunches = [(40.0, 10.0, 0.15), (40.0, 10.0, 0.15), (90.0, 10.0, 0.36), (90.0, 10.0, 0.36)]
+    rise = [(40.0, 10.0, 0.15), (55.0, 10.0, 0.21), (90.0, 9.5, 0.36)]
+    assert watch_decode(calm + rise)[-1].startswith("up 2"), watch_decode(calm + rise)[-1]
+    bursty = watch_decode(calm + bunches * 3 + rise)
+    assert all(r.startswith("hold") for r in bursty), [r for r in bursty if "hold" not in r]
+
+
 def test_the_decode_headroom_follows_arrivals_not_lifetimes_that_rise() -> None:
     def decode_after(samples: list[tuple[float, float]]) -> str:
         # Two replicas whose KV cache holds 250 sequences each: the last decision.

@@ -100,6 +100,9 @@ def lengthening(memory: PoolMemory) -> tuple[float, float, float] | None:
 
 SWING_SAMPLES: Final = 8
 """Changes of the count needed before its swing is read from them."""
+RECENT_SWING: Final = 12
+"""The latest changes of the count, whose swing counts when it is larger than the whole
+history's."""
 
 
 def count_swing(demand: Sequence[tuple[float, float]], before: float) -> float:
@@ -113,7 +116,11 @@ def count_swing(demand: Sequence[tuple[float, float]], before: float) -> float:
     changes = [later - earlier for earlier, later in zip(counts, counts[2:], strict=False)]
     if len(changes) < SWING_SAMPLES:
         return 0.0
-    return math.sqrt(sum(change * change for change in changes) / len(changes))
+
+    def rms(moves: Sequence[float]) -> float:
+        return math.sqrt(sum(move * move for move in moves) / len(moves))
+
+    return max(rms(changes), rms(changes[-RECENT_SWING:]))
 
 
 def in_transit(signals: Signals, ready: int, max_num_seqs: int | None) -> bool:
