@@ -131,6 +131,29 @@ def test_a_burst_the_held_pool_absorbs_holds_it_again() -> None:
     assert memory.over_steady(NOW + 1000 + 15 * (len(steady) - 1))
 
 
+def test_each_replica_s_start_is_timed_from_its_own_order() -> None:
+    """Replicas take 300 s to start, evaluations run every 15 s. A second scale-up ordered
+    150 s into the first read 450 s when the pool's start was timed from its first order to
+    its last arrival (and surges were then read against arrivals 15 minutes old); each timed
+    from the evaluation that first saw it ordered reads 285 s both times."""
+    memory = PoolMemory()
+    memory.track(NOW, None, 1, 1)
+    memory.track(NOW + 15, None, 2, 1)
+    memory.track(NOW + 165, None, 3, 1)
+    assert memory.starting_since == NOW + 15
+    memory.track(NOW + 300, None, 3, 2)
+    assert memory.provisioning == 285 and memory.starting_since == NOW + 165
+    memory.track(NOW + 450, None, 3, 3)
+    assert memory.provisioning == 285 and memory.starting_since is None
+    # Two ordered at once, one cancelled by a scale-down a minute later: the other is timed
+    # from the order, not from the cancellation.
+    memory.track(NOW + 600, None, 5, 3)
+    memory.track(NOW + 660, None, 4, 3)
+    memory.track(NOW + 720, None, 4, 3)
+    memory.track(NOW + 900, None, 4, 4)
+    assert memory.provisioning == 300 and memory.orders == []
+
+
 def test_arrivals_starting_or_rising_slowly_are_no_surge() -> None:
     def surge_after(rates: list[float]) -> float | None:
         memory = PoolMemory(provisioning=120.0)

@@ -59,6 +59,7 @@ def test_every_field_of_the_memory_is_kept() -> None:
 def test_a_memory_read_back_from_status_is_the_one_saved() -> None:
     memory = served()
     memory.batch, memory.idle_since, memory.starting_since = 64.5, NOW - 45.5, NOW - 30.25
+    memory.orders = [(NOW - 30.25, 2), (NOW - 15.0, 1)]
     memory.lifetimes = [(NOW - 15.0, 30.0, 8.9), (NOW, 31.5, 9.125)]
     memory.steps = [(NOW - 900.0, 20.0, 0.025), (NOW, 42.5, 0.0315)]
     memory.outputs = [(NOW, 180.25)]

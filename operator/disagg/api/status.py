@@ -105,7 +105,8 @@ class LearnedCapacity(ApiModel):
     provisioning_seconds: float = Field(
         gt=0,
         allow_inf_nan=False,
-        description="How long new replicas last took to become ready.",
+        description="How long the replicas that last became ready took to, each from the "
+        "evaluation that first saw it ordered.",
     )
     look_back_seconds: float = Field(
         default=0,

@@ -32,6 +32,10 @@ SURGE_LOOK_BACK: Final = 3
 """A scale-up for a surge, or a burst's end, holds what the pool has this many configured
 look-backs (a burst coming back a few minutes later finds it), without waiting for a flap to
 learn it."""
+STEADY_HISTORY: Final = 600.0
+"""Arrivals are kept at least this long for the level a surge a pool absorbs is read
+against: over two 2-minute delays, the dip while a chat wave's backlog sent short prompts
+to decode was most of it, and arrivals coming back from it read as a burst."""
 LOOK_BACK_MEMORY: Final = 3600.0
 """A learned look-back halves (down to the spec's) after this long with no flap, surge or
 burst's end to renew it: bursts that stopped coming back stop holding replicas."""
@@ -62,8 +66,13 @@ class PoolMemory:
     """Prefill: the mean prompt, in tokens, when the batched speed was last read: it says
     nothing of prompts much longer (they batch less, and attention costs more per token)."""
     provisioning: float = DEFAULT_PROVISIONING
-    """How long new replicas took to become ready, as last measured."""
+    """How long the replicas that last became ready took, each from the first evaluation
+    that saw it ordered."""
+    orders: list[tuple[float, int]] = field(default_factory=list)
+    """(time, replicas): when the replicas still starting were first seen ordered, oldest
+    first."""
     starting_since: float | None = None
+    """When the oldest replica still starting was first seen ordered (``orders[0]``)."""
     ready_at: float | None = None
     """When replicas last became ready: all of a scale-up's, or some while others still
     start (the pool's rates and p99 describe the smaller pool for a window after)."""
@@ -148,15 +157,26 @@ class PoolMemory:
             self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
         # Replicas ordered apart arrive apart: from the first one's arrival the pool is
         # bigger, and for a window its rates and p99 still describe the smaller one.
-        if self.ready_count is not None and ready > self.ready_count:
+        if not self.orders and self.starting_since is not None:
+            self.orders = [(self.starting_since, 1)]  # saved before orders were kept
+        starting = max(0, current - ready)
+        pending = sum(count for _, count in self.orders)
+        # Not knowing how many were ready before, the orders no longer starting arrived.
+        rose = pending - starting if self.ready_count is None else ready - self.ready_count
+        if rose > 0:
             self.ready_at = now
+            # Each replica is timed from its own order, the oldest arriving first: timed
+            # from the first of overlapping scale-ups, a five-minute start read ten.
+            ordered_at = _take(self.orders, rose, oldest=True)
+            if ordered_at is not None:
+                self.provisioning = max(1.0, now - ordered_at)
+            pending = sum(count for _, count in self.orders)
         self.ready_count = ready
-        if current > ready and self.starting_since is None:
-            self.starting_since = now
-        elif current <= ready and self.starting_since is not None:
-            self.provisioning = max(1.0, now - self.starting_since)
-            self.starting_since = None
-            self.ready_at = now
+        if starting < pending:  # a scale-down cancelled the newest orders
+            _take(self.orders, pending - starting, oldest=False)
+        elif starting > pending:
+            self.orders.append((now, starting - pending))
+        self.starting_since = self.orders[0][0] if self.orders else None
 
     def arrived_within(self, now: float, window: float) -> bool:
         """Whether replicas became ready within ``window`` of ``now``: the pool's rates and
@@ -218,7 +238,8 @@ class PoolMemory:
         """Record the requests per second reaching the pool (read over a rate ``window``) and,
         for decode, the output tokens it ``generated`` per second over the same window."""
         oldest = now - 2 * self.provisioning - window
-        self.arrivals = [sample for sample in self.arrivals if oldest <= sample[0] < now]
+        kept = min(oldest, now - STEADY_HISTORY)
+        self.arrivals = [sample for sample in self.arrivals if kept <= sample[0] < now]
         self.arrivals.append((now, rate))
         self.outputs = [sample for sample in self.outputs if oldest <= sample[0] < now]
         if generated is not None and rate > 0:
@@ -369,3 +390,21 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
+
+
+def _take(orders: list[tuple[float, int]], replicas: int, *, oldest: bool) -> float | None:
+    """Remove ``replicas`` from the oldest (or newest) ``orders``; when the last one taken
+    was ordered, None when there were none."""
+    taken = None
+    while replicas > 0 and orders:
+        at, count = orders[0] if oldest else orders[-1]
+        used = min(count, replicas)
+        replicas -= used
+        taken = at
+        rest = (at, count - used)
+        index = 0 if oldest else len(orders) - 1
+        if rest[1]:
+            orders[index] = rest
+        else:
+            del orders[index]
+    return taken

@@ -44,6 +44,7 @@ SERIES: Final[Mapping[str, tuple[str, ...]]] = {
     "steps": ("time", "number", "number"),
     "outputs": ("time", "number"),
     "arrivals": ("time", "number"),
+    "orders": ("time", "count"),
 }
 """Each list of samples kept in the history, and what each position of a sample holds."""
 TIMES: Final = ("starting_since", "ready_at", "learned_at", "last_down", "last_up", "idle_since")
