@@ -152,6 +152,10 @@ def test_each_replica_s_start_is_timed_from_its_own_order() -> None:
     memory.track(NOW + 720, None, 4, 3)
     memory.track(NOW + 900, None, 4, 4)
     assert memory.provisioning == 300 and memory.orders == []
+    # A pod restarting after a crash is no order: its 30 s back is not a replica's start.
+    memory.track(NOW + 915, None, 4, 3)
+    memory.track(NOW + 945, None, 4, 4)
+    assert memory.provisioning == 300 and memory.starting_since is None
 
 
 def test_arrivals_starting_or_rising_slowly_are_no_surge() -> None:

@@ -33,7 +33,7 @@ def served() -> PoolMemory:
     memory = PoolMemory(prefill_speed=11433.25, batched_speed=12890.5, batched_prompt=1138.0,
                         provisioning=122.5, down_window=900.0, learned_at=NOW - 400.0,
                         last_up=NOW - 400.0, last_down=NOW - 2000.0, ready_at=NOW - 280.0,
-                        ready_count=4, queue_change=-0.2, window_queue_change=0.05,
+                        ready_count=4, wanted_count=4, queue_change=-0.2, window_queue_change=0.05,
                         window_held_change=-0.125)  # fmt: skip
     for k in range(40):
         t = NOW - 600.0 + 15 * k
@@ -52,7 +52,7 @@ def through_status(memory: PoolMemory, now: float = NOW) -> Any:
 
 def test_every_field_of_the_memory_is_kept() -> None:
     """A field added to PoolMemory and not to what status keeps would be lost at restarts."""
-    kept = {*SERIES, *TIMES, *NUMBERS, *LEARNED, "ready_count", "shape"}
+    kept = {*SERIES, *TIMES, *NUMBERS, *LEARNED, "ready_count", "wanted_count", "shape"}
     assert {f.name for f in fields(PoolMemory)} == kept
 
 

@@ -78,6 +78,9 @@ class PoolMemory:
     start (the pool's rates and p99 describe the smaller pool for a window after)."""
     ready_count: int | None = None
     """Replicas ready at the last evaluation (None before the first)."""
+    wanted_count: int | None = None
+    """Replicas the pool was set to at the last evaluation (None before the first): a rise
+    is an order."""
     queues: list[tuple[float, float, float | None]] = field(default_factory=list)
     """(time, waiting requests, running ones) of each evaluation over the last rate window
     (and always the previous one): how fast the backlog grows."""
@@ -155,27 +158,35 @@ class PoolMemory:
         if demand is not None:
             self.demand.append((now, demand))
             self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
+        # Orders are what the pool was set to grow by, not replicas that are not ready: a
+        # pod restarting after a crash or a failed probe is no order, and timed as one it
+        # read a 15 s start.
+        if self.wanted_count is None:
+            starting = max(0, current - ready)
+            if self.starting_since is not None:  # saved before orders were kept
+                self.orders = [(self.starting_since, max(1, starting))]
+            elif starting:
+                self.orders = [(now, starting)]
+        elif current > self.wanted_count:
+            self.orders.append((now, current - self.wanted_count))
+        elif current < self.wanted_count:  # a scale-down cancels the newest orders first
+            _take(self.orders, self.wanted_count - current, oldest=False)
+        self.wanted_count = current
         # Replicas ordered apart arrive apart: from the first one's arrival the pool is
         # bigger, and for a window its rates and p99 still describe the smaller one.
-        if not self.orders and self.starting_since is not None:
-            self.orders = [(self.starting_since, 1)]  # saved before orders were kept
-        starting = max(0, current - ready)
+        if self.ready_count is not None and ready > self.ready_count:
+            self.ready_at = now
+        self.ready_count = ready
         pending = sum(count for _, count in self.orders)
-        # Not knowing how many were ready before, the orders no longer starting arrived.
-        rose = pending - starting if self.ready_count is None else ready - self.ready_count
-        if rose > 0:
+        arrived = min(ready, current) - (current - pending)
+        if arrived > 0:
             self.ready_at = now
             # Each replica is timed from its own order, the oldest arriving first: timed
             # from the first of overlapping scale-ups, a five-minute start read ten.
-            ordered_at = _take(self.orders, rose, oldest=True)
-            if ordered_at is not None:
+            # One ready as soon as it is seen says only that it took under an interval.
+            ordered_at = _take(self.orders, arrived, oldest=True)
+            if ordered_at is not None and ordered_at < now:
                 self.provisioning = max(1.0, now - ordered_at)
-            pending = sum(count for _, count in self.orders)
-        self.ready_count = ready
-        if starting < pending:  # a scale-down cancelled the newest orders
-            _take(self.orders, pending - starting, oldest=False)
-        elif starting > pending:
-            self.orders.append((now, starting - pending))
         self.starting_since = self.orders[0][0] if self.orders else None
 
     def arrived_within(self, now: float, window: float) -> bool:

@@ -114,6 +114,7 @@ def remembered(memories: Mapping[PoolName, PoolMemory], mode: Mode, now: float) 
             value = getattr(memory, name)
             history[name] = _number(value) if math.isfinite(value) else 0
         history["ready_count"] = memory.ready_count
+        history["wanted_count"] = memory.wanted_count
         text = json.dumps(history, separators=(",", ":"))
         while len(text) > MEMORY_HISTORY_MAX_LENGTH:
             # An interval of a second under an hour's look-back: keep the newest half.
@@ -187,9 +188,10 @@ def _restore(saved: PoolMemoryStatus, base: float, now: float) -> PoolMemory:
     for name in NUMBERS:
         (number,) = _sample(name, 0, [history.get(name, 0)], ("number",), base)
         setattr(memory, name, number)
-    count = history.get("ready_count")
-    if count is not None:
-        memory.ready_count = _sample("ready_count", 0, [count], ("count",), base)[0]
+    for name in ("ready_count", "wanted_count"):
+        count = history.get(name)
+        if count is not None:
+            setattr(memory, name, _sample(name, 0, [count], ("count",), base)[0])
     memory.shape = saved.shape
     learned = saved.learned
     for name, status_name in LEARNED.items():
