@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -93,6 +94,33 @@ def test_trend_extrapolates_a_steady_rise_and_ignores_flat_or_falling_demand() -
     assert sizing.trend([(0, 0.0), (15, 5.0), (30, 9.0)], 120) == 1.0
     explosive = [(t, 2 ** (t / 15)) for t in range(0, 241, 15)]
     assert 1.5 < sizing.trend(explosive, 120) <= sizing.GROWTH_CAP
+
+
+def test_demand_wandering_with_its_prompts_sizes_is_no_trend() -> None:
+    # Long prompts (5-25k tokens) at 1.4 req/s, read over a minute every 15 s: prompt
+    # tokens/s wander between 10k and 20k at a steady rate. Lines through a delay of them
+    # rose by chance and were extrapolated: up to a quarter more demand (a prefill replica
+    # ordered at a diurnal peak it did not need), 5% or more on a sixth of the readings.
+    rng = random.Random(7)
+    long_prompts = [(rng.uniform(0, 2400), rng.uniform(5000, 25000)) for _ in range(3400)]
+    trends = [
+        sizing.trend([(t, per_second(long_prompts, t)) for t in range(now - 240, now + 1, 15)], 120)
+        for now in range(300, 2401, 15)
+    ]
+    assert sum(trend > 1.02 for trend in trends) <= 3 and max(trends) < 1.1, max(trends)
+    # Chat at 10 req/s doubling within ten minutes is a trend through its own noise.
+    rng, chat, t = random.Random(7), [], 0.0
+    while t < 600:
+        t += rng.expovariate(10 * (1 + t / 600))
+        chat.append((t, rng.uniform(500, 1500)))
+    for now in range(360, 601, 60):
+        seen = [(t, per_second(chat, t)) for t in range(now - 240, now + 1, 15)]
+        assert sizing.trend(seen, 120) > 1.05
+
+
+def per_second(prompts: list[tuple[float, float]], t: float) -> float:
+    """Prompt tokens per second arriving over the minute before ``t``."""
+    return sum(size for at, size in prompts if t - 60 <= at < t) / 60
 
 
 def test_a_rise_that_slows_toward_its_peak_is_not_extrapolated_at_full_pace() -> None:

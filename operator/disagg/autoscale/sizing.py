@@ -62,6 +62,11 @@ share under the SLO is, not all at the SLO with no budget at all."""
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
 GROWTH_CAP: Final = 2.0
+TREND_SIGMAS: Final = 2.0
+"""A trend extrapolates only the slope beyond this many of its standard errors, as the fit
+reads them (readings over a minute every 15 s share three quarters of their requests, so
+that error is about half the true one): long prompts at one a second make prompt tokens/s
+jump by half within a minute, and a line fitted to that extrapolated noise."""
 DOWN_HEADROOM: Final = 0.8
 """A pool shrinks only to a size its demand fills to at most 80%: a size the load only just
 fits is one the next fluctuation scales back up (a flap)."""
@@ -242,7 +247,20 @@ def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] |
     return sum((t - mean_t) * (d - mean_d) for t, d in points) / spread, mean_d, mean_t
 
 
-def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
+def _slope_error(points: Sequence[tuple[float, float]], line: tuple[float, float, float]) -> float:
+    """The standard error of ``line``'s slope, fitted to ``points``, from its residuals."""
+    n = len(points)
+    if n < 3:
+        return 0.0
+    slope, mean_d, mean_t = line
+    residuals = sum((d - mean_d - slope * (t - mean_t)) ** 2 for t, d in points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return math.sqrt(residuals / (n - 2) / spread)
+
+
+def trend(
+    demand: Sequence[tuple[float, float]], delay: float, sigmas: float = TREND_SIGMAS
+) -> float:
     """The demand one ``delay`` from now over the demand now (1 when flat or falling), at most
     GROWTH_CAP.
 
@@ -252,7 +270,8 @@ def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
     rise that already ended, and the load estimate sees the new level anyway. A rise that
     slows (the newer slope under the older, as toward a daily peak) is expected to slow as
     much again over the next delay; a steady ramp keeps its slope. Fitting whole delays, not
-    the last few samples, keeps the rate estimate's own noise out of it."""
+    the last few samples, keeps the rate estimate's own noise out of it, and of each slope
+    only what lies beyond ``sigmas`` of its standard errors counts (TREND_SIGMAS)."""
     if not demand:
         return 1.0
     now = demand[-1][0]
@@ -260,11 +279,16 @@ def trend(demand: Sequence[tuple[float, float]], delay: float) -> float:
     recent = [(t, d) for t, d in demand if now - 2 * delay <= t and d > 0]
     if len(recent) < 4 or now - recent[0][0] < delay:
         return 1.0
-    older = _line([(t, d) for t, d in recent if t < now - delay])
-    newer = _line([(t, d) for t, d in recent if t >= now - delay])
-    if older is None or newer is None or older[0] <= 0 or newer[0] <= 0:
+    older_points = [(t, d) for t, d in recent if t < now - delay]
+    newer_points = [(t, d) for t, d in recent if t >= now - delay]
+    older, newer = _line(older_points), _line(newer_points)
+    if older is None or newer is None:
         return 1.0
     (old_slope, old_mean, _), (slope, mean, mean_t) = older, newer
+    old_slope -= sigmas * _slope_error(older_points, older)
+    slope -= sigmas * _slope_error(newer_points, newer)
+    if old_slope <= 0 or slope <= 0:
+        return 1.0
     sustained = min(1.0, (old_slope / old_mean) / (slope / mean))
     slowing = min(1.0, slope / old_slope)
     level = mean + slope * (now - mean_t)  # the newer line, now
