@@ -159,8 +159,8 @@ class PoolMemory:
             self.demand.append((now, demand))
             self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
         # Orders are what the pool was set to grow by, not replicas that are not ready: a
-        # pod restarting after a crash or a failed probe is no order, and timed as one it
-        # read a 15 s start.
+        # pod restarting after a crash or a failed probe is no order (timed as one, a 30 s
+        # restart became the delay every window is read over).
         if self.wanted_count is None:
             starting = max(0, current - ready)
             if self.starting_since is not None:  # saved before orders were kept
