@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from disagg.autoscale import sizing
+from disagg.autoscale import sizing, trend
 
 # 100 prefill times: 50 under 0.5 s, 40 in 0.5-1 s, 9 in 1-5 s, 1 above 5 s.
 BUCKETS = ((0.5, 50.0), (1.0, 90.0), (5.0, 99.0), (math.inf, 100.0))
@@ -85,15 +85,15 @@ def test_prompts_in_the_bucket_that_holds_the_slo_spread_their_budgets_over_it()
 
 def test_trend_extrapolates_a_steady_rise_and_ignores_flat_or_falling_demand() -> None:
     rising = [(t, 10 + 0.05 * t) for t in range(0, 241, 15)]  # +6 req/s per 120 s
-    assert sizing.trend(rising, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
+    assert trend.trend(rising, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
     flat = [(t, 10.0) for t in range(0, 241, 15)]
-    assert sizing.trend(flat, 120) == 1.0
+    assert trend.trend(flat, 120) == 1.0
     falling = [(t, 30 - 0.05 * t) for t in range(0, 241, 15)]
-    assert sizing.trend(falling, 120) == 1.0
+    assert trend.trend(falling, 120) == 1.0
     # Traffic starting from nothing is not a trend; too little history is not either.
-    assert sizing.trend([(0, 0.0), (15, 5.0), (30, 9.0)], 120) == 1.0
+    assert trend.trend([(0, 0.0), (15, 5.0), (30, 9.0)], 120) == 1.0
     explosive = [(t, 2 ** (t / 15)) for t in range(0, 241, 15)]
-    assert 1.5 < sizing.trend(explosive, 120) <= sizing.GROWTH_CAP
+    assert 1.5 < trend.trend(explosive, 120) <= trend.GROWTH_CAP
 
 
 def test_demand_wandering_with_its_prompts_sizes_is_no_trend() -> None:
@@ -104,10 +104,10 @@ def test_demand_wandering_with_its_prompts_sizes_is_no_trend() -> None:
     rng = random.Random(7)
     long_prompts = [(rng.uniform(0, 2400), rng.uniform(5000, 25000)) for _ in range(3400)]
     trends = [
-        sizing.trend([(t, per_second(long_prompts, t)) for t in range(now - 240, now + 1, 15)], 120)
+        trend.trend([(t, per_second(long_prompts, t)) for t in range(now - 240, now + 1, 15)], 120)
         for now in range(300, 2401, 15)
     ]
-    assert sum(trend > 1.02 for trend in trends) <= 3 and max(trends) < 1.1, max(trends)
+    assert sum(reading > 1.02 for reading in trends) <= 3 and max(trends) < 1.1, max(trends)
     # Chat at 10 req/s doubling within ten minutes is a trend through its own noise.
     rng, chat, t = random.Random(7), [], 0.0
     while t < 600:
@@ -115,7 +115,7 @@ def test_demand_wandering_with_its_prompts_sizes_is_no_trend() -> None:
         chat.append((t, rng.uniform(500, 1500)))
     for now in range(360, 601, 60):
         seen = [(t, per_second(chat, t)) for t in range(now - 240, now + 1, 15)]
-        assert sizing.trend(seen, 120) > 1.05
+        assert trend.trend(seen, 120) > 1.05
 
 
 def per_second(prompts: list[tuple[float, float]], t: float) -> float:
@@ -134,10 +134,10 @@ def test_a_rise_that_slows_toward_its_peak_is_not_extrapolated_at_full_pace() ->
     now = 660
     seen = [(float(t), arrivals(t)) for t in range(now - 240, now + 1, 15)]
     ahead = arrivals(now + 120) / arrivals(now)
-    assert sizing.trend(seen, 120) == pytest.approx(ahead, abs=0.01)
+    assert trend.trend(seen, 120) == pytest.approx(ahead, abs=0.01)
     # A ramp that keeps its pace keeps its full extrapolation (the rising case above).
     ramp = [(float(t), 10 + 0.05 * t) for t in range(0, 241, 15)]
-    assert sizing.trend(ramp, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
+    assert trend.trend(ramp, 120) == pytest.approx((22 + 6) / 22, rel=0.01)
 
 
 def test_noise_headroom_shrinks_with_the_evidence() -> None:
@@ -219,8 +219,8 @@ def test_a_step_is_not_a_trend() -> None:
     # Flat for a delay, then a jump: the load estimate already sees the new level, and
     # extrapolating the jump would order replicas for a rise that has ended.
     step = [(t, 10.0 if t < 180 else 30.0) for t in range(0, 241, 15)]
-    assert sizing.trend(step, 120) == 1.0
+    assert trend.trend(step, 120) == 1.0
     # A rise seen in both delays at the same relative pace is extrapolated (linearly: 1.3x
     # where the curve itself reaches 1.43x one delay on).
     growing = [(t, 10 * 1.003**t) for t in range(0, 241, 15)]
-    assert 1.25 < sizing.trend(growing, 120) < 1.45
+    assert 1.25 < trend.trend(growing, 120) < 1.45

@@ -26,6 +26,7 @@ from disagg.autoscale.memory import PoolMemory
 from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, Signals
 from disagg.autoscale.reach import LONE_SEQUENCES, prefill_alone
 from disagg.autoscale.sizing import DOWN_HEADROOM
+from disagg.autoscale.trend import trend
 
 BATCHED_MIX: Final = 1.5
 """A batched prefill speed orders replicas only for prompts at most this much longer, on
@@ -164,7 +165,7 @@ def feed_forward(
         # Every slope counts here: outputs growing a few percent a minute, read only beyond
         # their noise, filled a replica's KV cache before the next one came (lengthening 42
         # in bench/other_traces.py: 100 -> 98.3%).
-        output_trend = sizing.trend(memory.outputs, memory.provisioning, sigmas=0.0)
+        output_trend = trend(memory.outputs, memory.provisioning, sigmas=0.0)
         headroom *= output_trend
     if pool == "prefill":
         speed = memory.prefill_speed

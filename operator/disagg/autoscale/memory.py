@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from disagg.autoscale.orders import arrivals, note_orders, take
+
 FLAP_SECONDS: Final = 300.0
 MAX_DOWN_WINDOW_FACTOR: Final = 4
 HISTORY: Final = 1800.0
@@ -158,33 +160,21 @@ class PoolMemory:
         if demand is not None:
             self.demand.append((now, demand))
             self.demand = [(t, d) for t, d in self.demand if now - t <= HISTORY]
-        # Orders are what the pool was set to grow by, not replicas that are not ready: a
-        # pod restarting after a crash or a failed probe is no order (timed as one, a 30 s
-        # restart became the delay every window is read over).
-        if self.wanted_count is None:
-            starting = max(0, current - ready)
-            if self.starting_since is not None:  # saved before orders were kept
-                self.orders = [(self.starting_since, max(1, starting))]
-            elif starting:
-                self.orders = [(now, starting)]
-        elif current > self.wanted_count:
-            self.orders.append((now, current - self.wanted_count))
-        elif current < self.wanted_count:  # a scale-down cancels the newest orders first
-            _take(self.orders, self.wanted_count - current, oldest=False)
+        if self.wanted_count is None and self.starting_since is not None:
+            # Saved before orders were kept: what is starting was ordered then.
+            self.orders = [(self.starting_since, max(1, current - ready))]
+        note_orders(self.orders, self.wanted_count, current, ready, now)
         self.wanted_count = current
         # Replicas ordered apart arrive apart: from the first one's arrival the pool is
         # bigger, and for a window its rates and p99 still describe the smaller one.
         if self.ready_count is not None and ready > self.ready_count:
             self.ready_at = now
         self.ready_count = ready
-        pending = sum(count for _, count in self.orders)
-        arrived = min(ready, current) - (current - pending)
-        if arrived > 0:
+        arrived = arrivals(self.orders, current, ready)
+        if arrived:
             self.ready_at = now
-            # Each replica is timed from its own order, the oldest arriving first: timed
-            # from the first of overlapping scale-ups, a five-minute start read ten.
             # One ready as soon as it is seen says only that it took under an interval.
-            ordered_at = _take(self.orders, arrived, oldest=True)
+            ordered_at = take(self.orders, arrived, oldest=True)
             if ordered_at is not None and ordered_at < now:
                 self.provisioning = max(1.0, now - ordered_at)
         self.starting_since = self.orders[0][0] if self.orders else None
@@ -401,21 +391,3 @@ class PoolMemory:
         if at_most is not None and any(r > at_most for r in recent):
             return False
         return not (at_least is not None and any(r < at_least for r in recent))
-
-
-def _take(orders: list[tuple[float, int]], replicas: int, *, oldest: bool) -> float | None:
-    """Remove ``replicas`` from the oldest (or newest) ``orders``; when the last one taken
-    was ordered, None when there were none."""
-    taken = None
-    while replicas > 0 and orders:
-        at, count = orders[0] if oldest else orders[-1]
-        used = min(count, replicas)
-        replicas -= used
-        taken = at
-        rest = (at, count - used)
-        index = 0 if oldest else len(orders) - 1
-        if rest[1]:
-            orders[index] = rest
-        else:
-            del orders[index]
-    return taken

@@ -77,7 +77,8 @@ from disagg.autoscale.look_back import read_look_back, share_look_back
 from disagg.autoscale.memory import PoolMemory
 from disagg.autoscale.model import Behavior, PoolName, PoolPolicy, ScaledPool, Signals
 from disagg.autoscale.reach import UNREACHABLE_MARK, intrinsic_p99, reachable_quantile, unreachable
-from disagg.autoscale.sizing import DOWN_HEADROOM, quantile, trend
+from disagg.autoscale.sizing import DOWN_HEADROOM, quantile
+from disagg.autoscale.trend import trend
 from disagg.perf.buckets import LATENCY_BUCKETS
 
 __all__ = [

@@ -25,7 +25,8 @@ the pool must be now. Both pools are sized here from what their engines report:
   broke, raised to what it held while TPOT met the SLO with margin.
 * **headroom**: demand (arrivals for prefill, sequences for decode) is multiplied by where
   its rise over the last two provisioning delays (a rise seen in both: a step is not a
-  trend) leads one delay from now (so the replicas ordered now are enough when they arrive)
+  trend: :mod:`disagg.autoscale.trend`) leads one delay from now (so the replicas ordered
+  now are enough when they arrive)
   and by the uncertainty of the estimate itself: Poisson in the request count and, for prompt
   tokens, compound Poisson (a few long prompts among many short ones move the tokens per
   second more than the request rate; :func:`spread` reads their spread from the prefill-time
@@ -42,6 +43,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Final
+
+from disagg.autoscale.trend import fit_line, trend
 
 Buckets = Sequence[tuple[float, float]]
 """A cumulative histogram: (upper bound, observations at or below it), bounds ascending."""
@@ -61,12 +64,6 @@ part under the SLO, each at its slice's top: read as spread evenly over the buck
 share under the SLO is, not all at the SLO with no budget at all."""
 DRAIN_SECONDS: Final = 60.0
 """A backlog counts as extra arrivals spread over this long."""
-GROWTH_CAP: Final = 2.0
-TREND_SIGMAS: Final = 2.0
-"""A trend extrapolates only the slope beyond this many of its standard errors, as the fit
-reads them (readings over a minute every 15 s share three quarters of their requests, so
-that error is about half the true one): long prompts at one a second make prompt tokens/s
-jump by half within a minute, and a line fitted to that extrapolated noise."""
 DOWN_HEADROOM: Final = 0.8
 """A pool shrinks only to a size its demand fills to at most 80%: a size the load only just
 fits is one the next fluctuation scales back up (a flap)."""
@@ -233,68 +230,6 @@ def spread(buckets: Buckets) -> float:
     return max(0.0, second / total / mean**2 - 1) if mean > 0 else 0.0
 
 
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
-    """Least-squares (slope, mean value, mean time) of (time, value) points; None without a
-    time spread."""
-    n = len(points)
-    if n < 2:
-        return None
-    mean_t = sum(t for t, _ in points) / n
-    mean_d = sum(d for _, d in points) / n
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    if not spread:
-        return None
-    return sum((t - mean_t) * (d - mean_d) for t, d in points) / spread, mean_d, mean_t
-
-
-def _slope_error(points: Sequence[tuple[float, float]], line: tuple[float, float, float]) -> float:
-    """The standard error of ``line``'s slope, fitted to ``points``, from its residuals."""
-    n = len(points)
-    if n < 3:
-        return 0.0
-    slope, mean_d, mean_t = line
-    residuals = sum((d - mean_d - slope * (t - mean_t)) ** 2 for t, d in points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    return math.sqrt(residuals / (n - 2) / spread)
-
-
-def trend(
-    demand: Sequence[tuple[float, float]], delay: float, sigmas: float = TREND_SIGMAS
-) -> float:
-    """The demand one ``delay`` from now over the demand now (1 when flat or falling), at most
-    GROWTH_CAP.
-
-    A trend is a rise seen in both of the last two delays: the newer delay's slope is
-    extrapolated in the proportion the older one rose as fast (relative to its level). A
-    step (flat, then a jump) has no trend: extrapolating the jump would order replicas for a
-    rise that already ended, and the load estimate sees the new level anyway. A rise that
-    slows (the newer slope under the older, as toward a daily peak) is expected to slow as
-    much again over the next delay; a steady ramp keeps its slope. Fitting whole delays, not
-    the last few samples, keeps the rate estimate's own noise out of it, and of each slope
-    only what lies beyond ``sigmas`` of its standard errors counts (TREND_SIGMAS)."""
-    if not demand:
-        return 1.0
-    now = demand[-1][0]
-    # A rise from nothing is traffic starting, not a trend to extrapolate.
-    recent = [(t, d) for t, d in demand if now - 2 * delay <= t and d > 0]
-    if len(recent) < 4 or now - recent[0][0] < delay:
-        return 1.0
-    older_points = [(t, d) for t, d in recent if t < now - delay]
-    newer_points = [(t, d) for t, d in recent if t >= now - delay]
-    older, newer = _line(older_points), _line(newer_points)
-    if older is None or newer is None:
-        return 1.0
-    (old_slope, old_mean, _), (slope, mean, mean_t) = older, newer
-    old_slope -= sigmas * _slope_error(older_points, older)
-    slope -= sigmas * _slope_error(newer_points, newer)
-    if old_slope <= 0 or slope <= 0:
-        return 1.0
-    sustained = min(1.0, (old_slope / old_mean) / (slope / mean))
-    slowing = min(1.0, slope / old_slope)
-    level = mean + slope * (now - mean_t)  # the newer line, now
-    return max(1.0, min(GROWTH_CAP, 1 + sustained * slowing * slope * delay / level))
-
-
 def headroom(
     demand: Sequence[tuple[float, float]], delay: float, events: float, sizes: float = 0.0
 ) -> float:
@@ -381,7 +316,7 @@ def step_line(samples: Sequence[tuple[float, float]]) -> tuple[float, float] | N
     low, high = min(b for b, _ in samples), max(b for b, _ in samples)
     if low <= 0 or high < STEP_SPREAD * low:
         return None
-    line = _line(samples)
+    line = fit_line(samples)
     if line is None:
         return None
     per_sequence, mean_step, mean_batch = line
