@@ -46,6 +46,11 @@ def test_epoch_and_millisecond_arrivals_are_rebased_to_the_first_request(tmp_pat
         ("list.jsonl", "[1, 2, 3]\n", "list.jsonl: row 1: needs arrival, input_tokens, output_tokens (a list"),
         ("huge.jsonl", '{"arrival": 0, "input_tokens": Infinity, "output_tokens": 1}\n',
          "huge.jsonl: row 1: needs arrival, input_tokens, output_tokens"),
+        # Epoch milliseconds read as seconds: 41 days, which would tick the policy 240,000 times.
+        ("millis.csv", "arrival,input_tokens,output_tokens\n1700003600000,100,10\n"
+         "1700000000000,100,10\n1700000100000,100,10\n",
+         "millis.csv: arrivals span 3.6e+06s (row 2 at 1700000000000s to row 1 at 1700003600000s), "
+         "longer than the 7 days the simulator replays"),
     ],
 )  # fmt: skip
 def test_a_bad_trace_row_is_named_in_one_line(
@@ -75,6 +80,8 @@ def test_a_binary_file_is_not_read_as_a_trace(
         (["--duration", "inf"], "--duration must be finite"),
         (["--rate", "inf"], "--rate must be finite"),
         (["--interval", "nan"], "--interval must be greater than zero"),
+        (["--interval", "0.001"], "--interval must be at least 1 second"),
+        (["--duration", "1e12"], "--duration must be at most 604800 seconds (7 days)"),
     ],
 )
 def test_a_number_that_would_never_finish_is_refused(

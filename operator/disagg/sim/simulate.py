@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from disagg.extras import require_tools
 from disagg.perf import GPUS, MODELS, NETWORKS
@@ -21,7 +21,11 @@ from disagg.perf.fitted import LATENCY_MODELS
 from disagg.sim.fleet import simulate
 from disagg.sim.results import length_stats
 from disagg.sim.scenario import POLICIES, SHAPES, Scenario, build, requests_for, summarize
-from disagg.sim.traffic import WORKLOADS, Request, load_trace
+from disagg.sim.traffic import MAX_SPAN_SECONDS, WORKLOADS, Request, load_trace
+
+MIN_INTERVAL_SECONDS: Final = 1.0
+"""The shortest interval between policy decisions: autoscaling.interval's own bound (a
+millisecond interval ticks the policy a thousand times a simulated second)."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,6 +117,16 @@ def check(scenario: Scenario) -> list[str]:
     for name in ("rate", "duration", "interval", "provisioning_delay"):
         if math.isinf(getattr(scenario, name)):
             problems.append(f"--{name.replace('_', '-')} must be finite")
+    if math.isfinite(scenario.duration) and scenario.duration > MAX_SPAN_SECONDS:
+        problems.append(
+            f"--duration must be at most {MAX_SPAN_SECONDS:g} seconds "
+            f"({MAX_SPAN_SECONDS / 86400:g} days), got {scenario.duration:g}"
+        )
+    if 0 < scenario.interval < MIN_INTERVAL_SECONDS:
+        problems.append(
+            f"--interval must be at least {MIN_INTERVAL_SECONDS:g} second, as "
+            f"autoscaling.interval must, got {scenario.interval:g}"
+        )
     return problems
 
 

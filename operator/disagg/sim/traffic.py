@@ -48,6 +48,11 @@ WORKLOADS: Final[dict[str, Workload]] = {
     "long-context": Workload(8.74, 1.20, 32768, 5.34, 1.36, 1000),
 }
 
+MAX_SPAN_SECONDS: Final = 7 * 86400.0
+"""The longest traffic the simulator replays: a week. A trace longer than that is almost
+always one whose times are not seconds (epoch milliseconds under ``arrival``), and it would
+run for hours, ticking its policy every interval of it."""
+
 RateShape = Callable[[float], float]
 """Multiplier of the base rate at time t (seconds)."""
 
@@ -117,18 +122,28 @@ def load_trace(path: Path) -> list[Request]:
     Arrival is seconds (``arrival`` or ``arrival_s``), or milliseconds under ``timestamp`` as
     in Mooncake's traces (with ``input_length``/``output_length``); it is rebased so the
     first request arrives at 0. Raises ValueError naming the file and the first bad row
-    (a CSV's rows count from 1 after its header, a JSONL's are its lines).
+    (a CSV's rows count from 1 after its header, a JSONL's are its lines), or the first
+    and last rows when the arrivals span more than MAX_SPAN_SECONDS.
     """
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    requests = [_request(path, number, row) for number, row in _rows(path, text)]
-    requests.sort(key=lambda r: r.arrival)
-    if requests:
-        start = requests[0].arrival
-        requests = [Request(r.arrival - start, r.prompt_tokens, r.output_tokens) for r in requests]
-    return requests
+    rows = [(_request(path, number, row), number) for number, row in _rows(path, text)]
+    rows.sort(key=lambda pair: pair[0].arrival)
+    if not rows:
+        return []
+    (first, first_row), (last, last_row) = rows[0], rows[-1]
+    span = last.arrival - first.arrival
+    if span > MAX_SPAN_SECONDS:
+        raise ValueError(
+            f"{path}: arrivals span {span:.3g}s (row {first_row} at {first.arrival:.15g}s to row "
+            f"{last_row} at {last.arrival:.15g}s), longer than the {MAX_SPAN_SECONDS / 86400:g} "
+            "days the simulator replays: arrival and arrival_s are seconds, Mooncake's "
+            "timestamp milliseconds"
+        )
+    start = first.arrival
+    return [Request(r.arrival - start, r.prompt_tokens, r.output_tokens) for r, _ in rows]
 
 
 def _rows(path: Path, text: str) -> Iterator[tuple[int, object]]:
