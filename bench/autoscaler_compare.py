@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -108,11 +109,30 @@ def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:
         "attainment": both,
         "gpuHours": result.gpu_seconds / 3600,
         "gpuHoursByPool": {pool: gpus / 3600 for pool, gpus in result.pool_gpu_seconds.items()},
-        "ttftP99": ttft,
-        "tpotP99": tpot,
+        "ttftP99": _finite(ttft),
+        "tpotP99": _finite(tpot),
         "actions": result.scaling_actions,
         "flaps": flaps(result.scaling_log),
+        "refused": sum(1 for o in result.outcomes if o.rejected),
     }
+
+
+def _finite(value: float | None) -> float | None:
+    """A p99 with over 1% of requests never served is infinite: no number to print (as
+    ``disagg simulate`` prints it), and not one JSON can carry."""
+    return None if value is None or not math.isfinite(value) else value
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every infinite or NaN number as null (rows cached by an older bench
+    carry infinite p99s), so ``--json`` prints what strict JSON parsers read."""
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
 
 
 def scenarios(seeds: Iterable[int]) -> list[tuple[str, str, Scenario, list[Request]]]:
@@ -194,6 +214,7 @@ def evaluate(
         "scenario": name,
         "kind": kind,
         "requests": len(requests),
+        "refused": ours["refused"],
         "ceiling": ceiling,
         "coldCeiling": cold,
         "rows": [*rows, oracle, reactive, static, *matched],
@@ -249,22 +270,28 @@ def out_of_reach(static: dict[str, Any], cold: float) -> dict[str, str]:
 
 
 def print_entry(entry: dict[str, Any]) -> None:
+    refused = entry.get("refused", 0)
+    why = " refused: longer than the model's context or an engine's KV cache" if refused else ""
     print(
-        f"\n{entry['scenario']} ({entry['kind']}, {entry['requests']} requests, ceiling "
-        f"{entry['ceiling']:.1%}, from 1P+1D {entry['coldCeiling']:.1%})"
+        f"\n{entry['scenario']} ({entry['kind']}, {entry['requests']} requests"
+        f"{f', {refused}' if refused else ''}{why}, ceiling {entry['ceiling']:.1%}, from 1P+1D "
+        f"{entry['coldCeiling']:.1%})"
     )
     print(
         f"  {'POLICY':24} {'IN SLO':>7} {'TTFT P99':>9} {'TPOT P99':>9} {'GPU-H':>7} "
         f"{'xORACLE':>8} {'xSTATIC':>8} {'GOOD/GPU-H':>10} {'ACTIONS':>8} {'FLAPS':>6}"
     )
     for r in entry["rows"]:
-        ttft = "-" if r["ttftP99"] is None else f"{min(r['ttftP99'], 9999):.2f}s"
-        tpot = "-" if r["tpotP99"] is None else f"{min(r['tpotP99'], 99) * 1000:.1f}ms"
+        ttft, tpot = _finite(r["ttftP99"]), _finite(r["tpotP99"])
+        ttft_text = "-" if ttft is None else f"{ttft:.2f}s"
+        tpot_text = "-" if tpot is None else f"{tpot * 1000:.1f}ms"
         print(
-            f"  {r['policy']:24} {r['attainment']:7.1%} {ttft:>9} {tpot:>9} "
+            f"  {r['policy']:24} {r['attainment']:7.1%} {ttft_text:>9} {tpot_text:>9} "
             f"{r['gpuHours']:7.2f} {r['xOracle']:7.2f}x {r['xStatic']:7.2f}x "
             f"{r['goodputPerGpuHour']:10.0f} {r['actions']:8d} {r['flaps']:6d}"
         )
+    if any(_finite(r[p99]) is None for r in entry["rows"] for p99 in ("ttftP99", "tpotP99")):
+        print("  -: over 1% of requests never got a first token or finished (refused or unserved)")
     shown = [r for r in entry["rows"] if r["policy"].startswith(("ours", "oracle", "best static"))]
     print("  GPU-hours by pool: " + "; ".join(_by_pool(r) for r in shown))
     reach = entry["outOfReach"]
@@ -345,7 +372,7 @@ def main() -> int:
                 print_entry(entry)
                 sys.stdout.flush()
     if args.json:
-        print(json.dumps(report, indent=2, default=str))
+        print(json.dumps(finite_json(report), indent=2, default=str, allow_nan=False))
     else:
         met = sum(all(e["checks"].values()) for e in report)
         reachable = sum(
