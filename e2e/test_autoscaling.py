@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -114,6 +116,53 @@ def test_decode_scales_down_while_traffic_continues_and_fails_no_request(loop: S
     emulator_log = (LOG_DIR / f"podemu-{loop.namespace}.log").read_text()
     assert "disagg-drain: drained" in emulator_log, emulator_log[-2000:]
     assert "still busy" not in emulator_log
+
+
+def test_prompts_too_long_for_the_ttft_slo_are_reported_not_scaled_for(loop: Stack) -> None:
+    wait_for(
+        "both pools at their minimum",
+        lambda: loop.replicas() == {"prefill": 1, "decode": 1},
+        timeout=150,
+        interval=1,
+    )
+    earlier = {e["metadata"]["name"] for e in loop.kube.items("events", loop.namespace)}
+    seen: list[dict[str, Any]] = []
+
+    async def mixed() -> list[LoadReport]:
+        async def watch() -> None:
+            while True:
+                seen.append(await asyncio.to_thread(loop.condition, "ScalingLimited"))
+                await asyncio.sleep(1)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            # 40k-token prompts take over 2 s of prefill alone on one TP1 engine, twice the
+            # 1 s TTFT SLO: no number of replicas serves them in time.
+            return list(await asyncio.gather(
+                drive(loop.router.url, rate=2, seconds=30, prompt_tokens=1_000, max_tokens=8),
+                drive(loop.router.url, rate=0.3, seconds=30, prompt_tokens=40_000, max_tokens=8),
+            ))  # fmt: skip
+        finally:
+            watcher.cancel()
+
+    with ReplicaRecorder(loop) as timeline:
+        reports = asyncio.run(mixed())
+    assert all(r.failed == 0 for r in reports), [r.errors[:3] for r in reports]
+    limited = [c["message"] for c in seen if c.get("reason") == "SLOUnreachable"]
+    assert limited, seen
+    assert "prefill: " in limited[-1] and "in prefill alone on TP1" in limited[-1], limited
+    assert re.search(r"TP([2-9]|\d\d+) would serve them", limited[-1]), limited
+    events = [
+        e for e in loop.kube.items("events", loop.namespace)
+        if e["metadata"]["name"] not in earlier
+    ]  # fmt: skip
+    warnings = [e["message"] for e in events if e["reason"] == "SLOUnreachable"]
+    assert any("of prompts take longer than the 1s TTFT SLO" in w for w in warnings), warnings
+    # Their TTFT p99 drives no scale-up: the pool may grow for the load they bring (each
+    # keeps an engine busy for seconds), never because they miss the SLO.
+    ups = [e["message"] for e in events if e["reason"] == "ScaledUp"]
+    by_latency = [m for m in ups if m.startswith("prefill") and ": scale up: TTFT" in m]
+    assert not by_latency, (by_latency, timeline.samples)
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:
