@@ -29,6 +29,10 @@ def loop(kube: Kube) -> Iterator[Stack]:
     kube.run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+def wait_for_minimum(loop: Stack, what: str = "both pools at their minimum") -> None:
+    wait_for(what, lambda: loop.replicas() == {"prefill": 1, "decode": 1}, timeout=150, interval=1)
+
+
 def test_long_prompts_scale_prefill_while_decode_stays(loop: Stack) -> None:
     assert loop.replicas() == {"prefill": 1, "decode": 1}
     with ReplicaRecorder(loop) as timeline:
@@ -73,22 +77,12 @@ def test_long_outputs_scale_decode_then_quiet_scales_both_down(loop: Stack) -> N
         )
         assert timeline.highest("decode") >= 2, timeline.samples
         assert timeline.highest("prefill") == 1, timeline.samples
-        wait_for(
-            "both pools back at their minimum",
-            lambda: loop.replicas() == {"prefill": 1, "decode": 1},
-            timeout=150,
-            interval=1,
-        )
+        wait_for_minimum(loop, "both pools back at their minimum")
     assert report.failed == 0, report.errors[:5]
 
 
 def test_decode_scales_down_while_traffic_continues_and_fails_no_request(loop: Stack) -> None:
-    wait_for(
-        "both pools at their minimum",
-        lambda: loop.replicas() == {"prefill": 1, "decode": 1},
-        timeout=150,
-        interval=1,
-    )
+    wait_for_minimum(loop)
 
     async def busy_then_light() -> tuple[LoadReport, LoadReport, float]:
         heavy = await drive(loop.router.url, rate=3, seconds=30, prompt_tokens=100, max_tokens=400)
@@ -119,12 +113,7 @@ def test_decode_scales_down_while_traffic_continues_and_fails_no_request(loop: S
 
 
 def test_prompts_too_long_for_the_ttft_slo_are_reported_not_scaled_for(loop: Stack) -> None:
-    wait_for(
-        "both pools at their minimum",
-        lambda: loop.replicas() == {"prefill": 1, "decode": 1},
-        timeout=150,
-        interval=1,
-    )
+    wait_for_minimum(loop)
     earlier = {e["metadata"]["name"] for e in loop.kube.items("events", loop.namespace)}
     seen: list[dict[str, Any]] = []
 
