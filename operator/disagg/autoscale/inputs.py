@@ -1,5 +1,6 @@
-"""What the policy accepts from outside (pure): signals no engine reports are refused, and a
-histogram that is not one is dropped.
+"""What the policy accepts from outside (pure): signals no engine reports are refused, a
+histogram that is not one is dropped, and signals missing, stale or from too few pods are
+not read at all.
 
 Signals come from Prometheus through queries a user may override, so any of them can be a
 value no engine reports: negative, infinite, a KV-cache usage in percent instead of a
@@ -79,3 +80,18 @@ def accepted(signals: Signals) -> tuple[Signals, str | None]:
     if (prefill, ttft) != (signals.prefill_buckets, signals.ttft_buckets):
         signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft)
     return signals, problem
+
+
+def unusable(signals: Signals | None, ready: int, now: float, stale_after: float) -> str | None:
+    """Why this evaluation's signals cannot be read (missing, older than ``stale_after``,
+    from fewer pods than are ready, or without the latency a pool with traffic reports);
+    None when they can. No data is never read as idle."""
+    if signals is None:
+        return "metrics missing"
+    if now - signals.sampled_at > stale_after:
+        return f"metrics stale ({now - signals.sampled_at:.0f}s old)"
+    if signals.pods_reporting < ready:
+        return f"metrics from {signals.pods_reporting} of {ready} ready pods"
+    if signals.request_rate is None or (signals.p99 is None and signals.request_rate > 0):
+        return "latency metrics missing"
+    return None

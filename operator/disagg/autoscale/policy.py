@@ -70,7 +70,7 @@ from typing import Final, Literal
 
 from disagg.autoscale.decode import in_transit
 from disagg.autoscale.gauges import loudest, read_gauges
-from disagg.autoscale.inputs import accepted
+from disagg.autoscale.inputs import accepted, unusable
 from disagg.autoscale.latency import MIN_TOLERANCE, surely_over, surely_under, tolerance
 from disagg.autoscale.load import feed_forward, learn, pool_demand
 from disagg.autoscale.look_back import read_look_back, share_look_back
@@ -128,18 +128,6 @@ def _hold(pool: PoolName, current: int, reason: str) -> Decision:
     return Decision(pool, current, current, "hold", reason)
 
 
-def _problem(signals: Signals | None, ready: int, now: float, stale_after: float) -> str | None:
-    if signals is None:
-        return "metrics missing"
-    if now - signals.sampled_at > stale_after:
-        return f"metrics stale ({now - signals.sampled_at:.0f}s old)"
-    if signals.pods_reporting < ready:
-        return f"metrics from {signals.pods_reporting} of {ready} ready pods"
-    if signals.request_rate is None or (signals.p99 is None and signals.request_rate > 0):
-        return "latency metrics missing"
-    return None
-
-
 def decide_pool(
     pool: PoolName,
     signals: Signals | None,
@@ -167,7 +155,7 @@ def decide_pool(
         if wrong is not None:
             reason = f"holding: {INVALID_MARK}: {wrong}"
             return Decision(pool, current, current, "hold", reason, invalid=wrong)
-    problem = _problem(signals, ready, now, behavior.stale_after)
+    problem = unusable(signals, ready, now, behavior.stale_after)
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
     label = "TTFT" if pool == "prefill" else "TPOT"
