@@ -24,6 +24,12 @@ jump by half within a minute, and a line fitted to that extrapolated noise."""
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
     """Least-squares (slope, mean value, mean time) of (time, value) points; None without a
     time spread."""
+    fit = _fit(points)
+    return None if fit is None else fit[:3]
+
+
+def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float, float, float] | None:
+    """fit_line's (slope, mean value, mean time) and the points' squared time spread."""
     n = len(points)
     if n < 2:
         return None
@@ -32,17 +38,19 @@ def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float
     spread = sum((t - mean_t) ** 2 for t, _ in points)
     if not spread:
         return None
-    return sum((t - mean_t) * (d - mean_d) for t, d in points) / spread, mean_d, mean_t
+    return sum((t - mean_t) * (d - mean_d) for t, d in points) / spread, mean_d, mean_t, spread
 
 
-def _slope_error(points: Sequence[tuple[float, float]], line: tuple[float, float, float]) -> float:
-    """The standard error of ``line``'s slope, fitted to ``points``, from its residuals."""
+def _slope_error(
+    points: Sequence[tuple[float, float]], fit: tuple[float, float, float, float]
+) -> float:
+    """The standard error of the slope ``fit`` (from _fit) found in ``points``, from its
+    residuals."""
     n = len(points)
     if n < 3:
         return 0.0
-    slope, mean_d, mean_t = line
+    slope, mean_d, mean_t, spread = fit
     residuals = sum((d - mean_d - slope * (t - mean_t)) ** 2 for t, d in points)
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
     return math.sqrt(residuals / (n - 2) / spread)
 
 
@@ -69,10 +77,10 @@ def trend(
         return 1.0
     older_points = [(t, d) for t, d in recent if t < now - delay]
     newer_points = [(t, d) for t, d in recent if t >= now - delay]
-    older, newer = fit_line(older_points), fit_line(newer_points)
+    older, newer = _fit(older_points), _fit(newer_points)
     if older is None or newer is None:
         return 1.0
-    (old_slope, old_mean, _), (slope, mean, mean_t) = older, newer
+    (old_slope, old_mean, _, _), (slope, mean, mean_t, _) = older, newer
     old_slope -= sigmas * _slope_error(older_points, older)
     slope -= sigmas * _slope_error(newer_points, newer)
     if old_slope <= 0 or slope <= 0:
