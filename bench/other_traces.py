@@ -20,7 +20,10 @@ other shapes users bring, kept apart so that no rule is tuned on them:
   summarize), 1.5-3.5 req/s over the hour: the long prompts' prefill alone comes near the
   4 s TTFT SLO, inside one coarse bucket of the prefill-time histogram;
 * ``flash-crowd``: 8B chat at 4 req/s, rising within a minute to 16 at 20 minutes, for ten
-  minutes.
+  minutes;
+* ``day``: 8B chat over one smooth day compressed into an hour, 6 req/s rising to 18 at
+  half past and back, at a 1 s TTFT SLO: one replica per pool serves the peak at the edge of
+  its SLO.
 
 ``python bench/other_traces.py KIND SEED OUT.csv`` writes one and prints the
 ``autoscaler_compare.py --trace`` flags for its deployment.
@@ -165,6 +168,16 @@ def flash_crowd(rng: random.Random) -> list[Request]:
     ]
 
 
+def day(rng: random.Random) -> list[Request]:
+    def rate(t: float) -> float:
+        return 12 - 6 * math.cos(2 * math.pi * t / HOUR)
+
+    return [
+        Request(t, _lognormal(rng, 6.8, 0.9, 16, 16000), _lognormal(rng, 5.0, 0.8, 1, 2000))
+        for t in _arrivals(rng, rate, 18.0, HOUR, 1.0)
+    ]
+
+
 SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] = {
     "ramp-stop": (ramp_stop, Deployment("llama-3.1-70b", 4, 2.0, 0.04)),
     "agentic": (agentic, Deployment("llama-3.1-8b", 1, 3.0, 0.03)),
@@ -176,6 +189,7 @@ SHAPES: dict[str, tuple[Callable[[random.Random], list[Request]], Deployment]] =
     "rag": (rag, Deployment("llama-3.1-70b", 8, 4.0, 0.05)),
     "bimodal": (bimodal, Deployment("llama-3.1-70b", 4, 4.0, 0.05)),
     "flash-crowd": (flash_crowd, Deployment("llama-3.1-8b", 1, 1.5, 0.04)),
+    "day": (day, Deployment("llama-3.1-8b", 1, 1.0, 0.04)),
 }
 
 
