@@ -7,7 +7,8 @@ in hindsight, ordered one delay early: the GPU-hours lower bound), the **best st
 (the cheapest fixed size meeting the target), and the **ceiling** (every pool at its
 maximum: what no size can improve; from 1P+1D, what a policy that starts small can) and
 the **reactive oracle** (each minute's cheapest size
-acted on only as the minute starts, from 1P+1D: about the best a policy that reacts can do). Per
+acted on only as the minute starts, from 1P+1D: about the best a policy that reacts can do,
+and a little better, since it knows the minute's need as the minute starts). Per
 policy it prints SLO attainment (both SLOs), TTFT/TPOT p99, GPU-hours, x oracle, x best
 static, requests meeting both SLOs per GPU-hour, scaling actions and flaps (a scale-down
 undone within 5 minutes), then checks the autoscaling issue's targets ("beats" a baseline:

@@ -8,7 +8,8 @@
 * **reactive oracle**: each minute's cheapest size (never more than its window's), acted on
   only as the minute starts, from the policies' starting size: about the best any policy
   that reacts to load (rather than foreseeing it) can do, since its replicas still take one
-  provisioning delay to arrive;
+  provisioning delay to arrive (a little better: knowing the minute's need as it starts, it
+  meets a change up to a minute before it comes);
 * **ceiling**: the attainment with every pool at its maximum, i.e. what no size can improve
   (requests whose own prefill exceeds the TTFT SLO miss at any size); the **cold-start
   ceiling** is the same from the policies' starting size, every pool ordered to its maximum
