@@ -272,8 +272,11 @@ def out_of_reach(static: dict[str, Any], cold: float) -> dict[str, str]:
 
 def print_entry(entry: dict[str, Any]) -> None:
     refused = entry.get("refused", 0)
-    refused_text = f", {refused} refused: longer than the model's context or an engine's KV cache"
-    refused_text = refused_text if refused else ""
+    refused_text = (
+        f", {refused} refused: longer than the model's context or an engine's KV cache"
+        if refused
+        else ""
+    )
     print(
         f"\n{entry['scenario']} ({entry['kind']}, {entry['requests']} requests{refused_text}, "
         f"ceiling {entry['ceiling']:.1%}, from 1P+1D {entry['coldCeiling']:.1%})"
