@@ -29,6 +29,39 @@ def test_epoch_and_millisecond_arrivals_are_rebased_to_the_first_request(tmp_pat
         ]
 
 
+def test_azure_and_burstgpt_traces_are_read_in_their_own_formats(tmp_path: Path) -> None:
+    azure = tmp_path / "AzureLLMInferenceTrace_code.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:16:48.1805900,2048,7\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    burstgpt = tmp_path / "BurstGPT_1.csv"
+    burstgpt.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,472,18,490,Conversation log\n"
+        "45,GPT-4,1087,0,1087,Conversation log\n"  # failed: no response
+        "66.5,ChatGPT,3139,195,3334,API log\n"
+    )
+    assert [(r.arrival, r.prompt_tokens, r.output_tokens) for r in load_trace(azure)] == [
+        (0.0, 374, 44), (pytest.approx(4.314579), 396, 109), (61.5, 2048, 7),
+    ]  # fmt: skip
+    assert [(r.arrival, r.prompt_tokens, r.output_tokens) for r in load_trace(burstgpt)] == [
+        (0.0, 472, 18), (61.5, 3139, 195),
+    ]  # fmt: skip
+
+
+def test_the_shared_azure_conversation_trace_is_an_hour_of_19k_requests() -> None:
+    shared = Path(__file__).parents[2] / "shared" / "traces"
+    trace = shared / "AzureLLMInferenceTrace_conv_2023.csv"
+    if not trace.exists():
+        pytest.skip(f"{trace} is not beside this checkout")
+    requests = load_trace(trace)
+    assert len(requests) == 19_366
+    assert 3400 < requests[-1].arrival < 3600
+
+
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
@@ -41,9 +74,17 @@ def test_epoch_and_millisecond_arrivals_are_rebased_to_the_first_request(tmp_pat
         ("zero.csv", "arrival,input_tokens,output_tokens\n1,0,10\n",
          "zero.csv: row 1: token counts must be >= 1"),
         ("columns.csv", "a,b\n1,2\n", "columns.csv: row 1: needs arrival, input_tokens"),
+        ("azure.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n16/11/2023 18:15,374,44\n",
+         "azure.csv: row 1: needs arrival, input_tokens, output_tokens, or Azure's TIMESTAMP, "
+         "ContextTokens, GeneratedTokens, or BurstGPT's Timestamp, Request tokens, Response "
+         "tokens (TIMESTAMP '16/11/2023 18:15' is not a date and time)"),
+        ("burst.csv", "Timestamp,Model,Request tokens,Response tokens\n5,ChatGPT,,18\n",
+         "burst.csv: row 1: needs arrival"),
         ("cut.jsonl", '{"arrival": 0.5, "input_tokens": 100, "output_tokens": 10}\n\n{"arrival": 1,\n',
          "cut.jsonl: row 3: not JSON"),
-        ("list.jsonl", "[1, 2, 3]\n", "list.jsonl: row 1: needs arrival, input_tokens, output_tokens (a list"),
+        ("list.jsonl", "[1, 2, 3]\n", "list.jsonl: row 1: needs arrival, input_tokens, output_tokens, or Azure's TIMESTAMP, "
+         "ContextTokens, GeneratedTokens, or BurstGPT's Timestamp, Request tokens, Response tokens "
+         "(a list"),
         ("huge.jsonl", '{"arrival": 0, "input_tokens": Infinity, "output_tokens": 1}\n',
          "huge.jsonl: row 1: needs arrival, input_tokens, output_tokens"),
         # Epoch milliseconds read as seconds: 41 days, which would tick the policy 240,000 times.

@@ -15,8 +15,9 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 
 @dataclass(frozen=True)
@@ -117,19 +118,25 @@ def generate(
 
 
 def load_trace(path: Path) -> list[Request]:
-    """A user's trace: CSV (arrival,input_tokens,output_tokens) or JSONL with those keys.
+    """A user's trace: CSV (arrival,input_tokens,output_tokens) or JSONL with those keys, or
+    a public trace in its own format, told by its header.
 
     Arrival is seconds (``arrival`` or ``arrival_s``), or milliseconds under ``timestamp`` as
-    in Mooncake's traces (with ``input_length``/``output_length``); it is rebased so the
-    first request arrives at 0. Raises ValueError naming the file and the first bad row
-    (a CSV's rows count from 1 after its header, a JSONL's are its lines), or the first
-    and last rows when the arrivals span more than MAX_SPAN_SECONDS.
+    in Mooncake's traces (with ``input_length``/``output_length``). Azure's LLM inference
+    traces (``TIMESTAMP,ContextTokens,GeneratedTokens``) stamp a date and time (UTC when it
+    names no zone); BurstGPT's (``Timestamp``, ``Request tokens``, ``Response tokens``)
+    seconds, and it logs failed requests with no response tokens: those are left out.
+    Arrivals are rebased so the first request arrives at 0. Raises ValueError naming the
+    file and the first bad row (a CSV's rows count from 1 after its header, a JSONL's are
+    its lines), or the first and last rows when the arrivals span more than
+    MAX_SPAN_SECONDS.
     """
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    rows = [(_request(path, number, row), number) for number, row in _rows(path, text)]
+    read = ((_request(path, number, row), number) for number, row in _rows(path, text))
+    rows = [(request, number) for request, number in read if request is not None]
     rows.sort(key=lambda pair: pair[0].arrival)
     if not rows:
         return []
@@ -159,22 +166,54 @@ def _rows(path: Path, text: str) -> Iterator[tuple[int, object]]:
             raise ValueError(f"{path}: row {number}: not JSON ({error.msg})") from None
 
 
-def _request(path: Path, number: int, row: object) -> Request:
+AZURE: Final = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT: Final = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def _azure_time(stamp: object) -> float:
+    """Seconds since the epoch of an Azure trace's ``2023-11-16 18:15:46.6805900``."""
+    if not isinstance(stamp, str):
+        raise TypeError(f"TIMESTAMP {stamp!r} is not a date and time")
+    try:
+        at = datetime.fromisoformat(stamp.strip())
+    except ValueError:
+        raise ValueError(f"TIMESTAMP {stamp!r} is not a date and time") from None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
+def _fields(row: dict[str, Any]) -> tuple[float, int, int] | None:
+    """(arrival in seconds, prompt tokens, output tokens) of a row in any format read, or
+    None for a row the format says to leave out."""
+    if AZURE[0] in row:
+        return _azure_time(row[AZURE[0]]), int(row[AZURE[1]]), int(row[AZURE[2]])
+    if BURSTGPT[0] in row:
+        output = int(row[BURSTGPT[2]])
+        if output == 0:
+            return None  # a failed request, as BurstGPT logs them
+        return float(row[BURSTGPT[0]]), int(row[BURSTGPT[1]]), output
+    if "timestamp" in row:
+        arrival = float(row["timestamp"]) / 1000
+    elif "arrival_s" in row:
+        arrival = float(row["arrival_s"])
+    else:
+        arrival = float(row["arrival"])
+    prompt = int(row.get("input_tokens") or row["input_length"])
+    return arrival, prompt, int(row.get("output_tokens") or row["output_length"])
+
+
+def _request(path: Path, number: int, row: object) -> Request | None:
     try:
         if not isinstance(row, dict):
             raise TypeError(f"a {type(row).__name__}, not an object")
-        if "timestamp" in row:
-            arrival = float(row["timestamp"]) / 1000
-        elif "arrival_s" in row:
-            arrival = float(row["arrival_s"])
-        else:
-            arrival = float(row["arrival"])
-        prompt = int(row.get("input_tokens") or row["input_length"])
-        output = int(row.get("output_tokens") or row["output_length"])
+        fields = _fields(row)
     except (KeyError, ValueError, TypeError, OverflowError) as error:
         raise ValueError(
-            f"{path}: row {number}: needs arrival, input_tokens, output_tokens ({error})"
+            f"{path}: row {number}: needs arrival, input_tokens, output_tokens, or Azure's "
+            f"{', '.join(AZURE)}, or BurstGPT's {', '.join(BURSTGPT)} ({error})"
         ) from None
+    if fields is None:
+        return None
+    arrival, prompt, output = fields
     if not math.isfinite(arrival) or arrival < 0:
         raise ValueError(f"{path}: row {number}: arrival must be a finite number >= 0")
     if prompt < 1 or output < 1:
