@@ -152,6 +152,20 @@ def test_prompts_too_long_for_the_ttft_slo_are_reported_not_scaled_for(loop: Sta
     ups = [e["message"] for e in events if e["reason"] == "ScaledUp"]
     by_latency = [m for m in ups if m.startswith("prefill") and ": scale up: TTFT" in m]
     assert not by_latency, (by_latency, timeline.samples)
+    # They are what the TTFT SLO's error budget is spent on: counted in status from the
+    # engines' histograms, and the lower budget in `kubectl get dm`'s Budget column.
+    budget = wait_for(
+        "the TTFT budget counts the long prompts' misses",
+        lambda: b if (b := loop.model()["status"].get("sloBudget", {})).get("ttft", {}).get(
+            "missed", 0) >= 1 else None,
+        timeout=60,
+    )  # fmt: skip
+    ttft = budget["ttft"]
+    assert ttft["requests"] > ttft["missed"] and ttft["remainingFraction"] < 1, budget
+    assert budget["window"] == "672h", budget
+    table = loop.kube.run("get", "dm", MODEL, "-n", loop.namespace).stdout
+    header, row = table.splitlines()[:2]
+    assert "BUDGET" in header and re.search(r" -?\d+% \((TTFT|TPOT)\) ", row), table
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:

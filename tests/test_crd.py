@@ -59,7 +59,9 @@ def test_names_columns_and_subresources() -> None:
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Mode", "Prefill", "Decode", "Engine", "TTFT", "TPOT", "Age"]
+    assert columns == [
+        "Ready", "Mode", "Prefill", "Decode", "Engine", "TTFT", "TPOT", "Budget", "Age",
+    ]  # fmt: skip
 
 
 def test_cel_rules_are_attached_where_the_schema_cannot_say_it() -> None:

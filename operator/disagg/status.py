@@ -34,6 +34,7 @@ from disagg.api.status import (
     ObservedMetrics,
     PoolStatus,
     RouterStatus,
+    SloBudgetStatus,
 )
 from disagg.autoscale.recall import worth_saving
 from disagg.clock import epoch_of
@@ -62,6 +63,8 @@ class ScalingRecord:
     """Pools resized by this evaluation, with the reason."""
     metrics: ObservedMetrics | None = None
     """The signals read; None keeps the previous ones."""
+    budget: SloBudgetStatus | None = None
+    """The SLOs' error budgets; None keeps the previous ones."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ def compute_status(
         engine=pools.get("engine"),
         router=router,
         metrics=_metrics(obs, previous),
+        slo_budget=_budget(obs, previous),
         autoscaler_memory=(
             obs.memory if obs.autoscaling_enabled and obs.autoscaling_mode == "builtin" else None
         ),
@@ -238,6 +242,14 @@ def _metrics(obs: Observed, previous: DisaggregatedModelStatus | None) -> Observ
     if obs.scaling is not None and obs.scaling.metrics is not None:
         return obs.scaling.metrics
     return previous.metrics if previous else ObservedMetrics()
+
+
+def _budget(obs: Observed, previous: DisaggregatedModelStatus | None) -> SloBudgetStatus | None:
+    if not (obs.autoscaling_enabled and obs.autoscaling_mode == "builtin"):
+        return None  # nobody counts this model's requests
+    if obs.scaling is not None and obs.scaling.budget is not None:
+        return obs.scaling.budget
+    return previous.slo_budget if previous else None
 
 
 def _scaling_conditions(

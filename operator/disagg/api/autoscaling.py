@@ -11,6 +11,10 @@ from disagg.api.rules import Rule
 
 HPA_MAX_STABILIZATION: Final = 3600.0
 HPA_MAX_PERIOD: Final = 1800.0
+SLO_WINDOW_MIN: Final = 3600.0
+"""The shortest compliance window: the fast-burn check reads the last hour."""
+SLO_WINDOW_MAX: Final = 90 * 86400.0
+"""The longest: what status keeps of it stays a few hundred slots."""
 
 
 class ScaleUpBehavior(ApiModel):
@@ -83,6 +87,12 @@ class QueryOverrides(ApiModel):
         description="TTFT histogram: an instant vector of bucket rates by le (read at a lower "
         "quantile than the p99 when some prompts miss the SLO at any size).",
     )
+    tpot_buckets: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Per-request time per output token histogram: an instant vector of "
+        "bucket rates by le (the TPOT SLO's error budget counts requests over it).",
+    )
     tpot_mean: str | None = Field(
         default=None,
         min_length=1,
@@ -123,6 +133,14 @@ class AutoscalingSpec(ApiModel):
         pattern=r"^https?://",
         description="Prometheus HTTP API the autoscaler queries.",
     )
+    slo_window: Duration = Field(
+        default="672h",
+        description="The SLOs' compliance window: a p99 target is met when at most 1% of the "
+        "window's requests miss it. Status reports each SLO's attainment and error budget "
+        "remaining over it, and a Warning Event says when a burn would spend 2% of the "
+        "window's budget in an hour. Default 28 days, the SRE workbook's; Go durations "
+        "(672h), 1h to 2160h.",
+    )
     interval: Duration = Field(default="15s", description="How often the autoscaler decides.")
     window: Duration = Field(
         default="2m", description="Rate window of the latency and load queries."
@@ -155,6 +173,13 @@ class AutoscalingSpec(ApiModel):
             message="autoscaling.tpotP99 must be greater than zero",
             check=lambda m: parse_duration(m.tpot_p99) > 0,
             field_path=".tpotP99",
+        ),
+        Rule(
+            cel="duration(self.sloWindow) >= duration('1h') && "
+            "duration(self.sloWindow) <= duration('2160h')",
+            message="autoscaling.sloWindow must be from 1h to 2160h (90 days)",
+            check=lambda m: SLO_WINDOW_MIN <= parse_duration(m.slo_window) <= SLO_WINDOW_MAX,
+            field_path=".sloWindow",
         ),
         Rule(
             cel="duration(self.interval) >= duration('1s') && "

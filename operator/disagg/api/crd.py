@@ -188,6 +188,12 @@ def _printer_columns() -> list[Schema]:
             "jsonPath": ".status.metrics.tpotP99",
             "description": "Inter-token latency, p99",
         },
+        {
+            "name": "Budget",
+            "type": "string",
+            "jsonPath": ".status.sloBudget.summary",
+            "description": "Error budget remaining over the SLO window: the lower SLO's",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

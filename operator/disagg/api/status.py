@@ -76,6 +76,58 @@ class ObservedMetrics(ApiModel):
     observed_at: str | None = Field(default=None, description="When these were read (RFC 3339).")
 
 
+class SloBudget(ApiModel):
+    """One SLO's attainment and error budget over the compliance window."""
+
+    requests: int = Field(ge=0, description="Requests the SLO covered in the window so far.")
+    missed: int = Field(ge=0, description="Of those, the requests over the SLO.")
+    attainment: str | None = Field(
+        default=None, description="The share within the SLO, e.g. 99.42% (none counted: absent)."
+    )
+    remaining: str = Field(
+        description="Error budget remaining: the share of the misses the target allows (1% "
+        "of the requests for a p99) not yet spent, e.g. 42%; negative when overspent."
+    )
+    remaining_fraction: float = Field(
+        allow_inf_nan=False, description="The same as a fraction (1 = untouched)."
+    )
+    burn_rate_5m: float | None = Field(
+        default=None,
+        alias="burnRate5m",
+        ge=0,
+        allow_inf_nan=False,
+        description="Misses over the last 5 minutes relative to what the target allows "
+        "(1 spends the budget exactly over the window).",
+    )
+    burn_rate_1h: float | None = Field(
+        default=None,
+        alias="burnRate1h",
+        ge=0,
+        allow_inf_nan=False,
+        description="The same over the last hour.",
+    )
+    fast_burn: bool = Field(
+        default=False,
+        description="Both burn rates at or over fastBurnRate: 2% of the window's budget "
+        "going within an hour.",
+    )
+    fast_burn_rate: float = Field(
+        gt=0, allow_inf_nan=False, description="The burn rate a fast burn reaches."
+    )
+
+
+class SloBudgetStatus(ApiModel):
+    """Each SLO's error budget over spec.autoscaling.sloWindow (written by the built-in
+    autoscaler at each evaluation)."""
+
+    window: str = Field(description="The compliance window, as in spec.autoscaling.sloWindow.")
+    summary: str = Field(
+        description="The lower of the two budgets remaining and its SLO, e.g. 42% (TTFT)."
+    )
+    ttft: SloBudget | None = Field(default=None, description="The TTFT p99 SLO's.")
+    tpot: SloBudget | None = Field(default=None, description="The TPOT p99 SLO's.")
+
+
 MEMORY_HISTORY_MAX_LENGTH = 262144
 """Characters of one pool's history in status: at a 15 s interval it runs to 4-7k (the
 trace kinds of bench/policy_seeds.py); an object in etcd may take 1.5 MiB."""
@@ -171,6 +223,11 @@ class DisaggregatedModelStatus(ApiModel):
     router: RouterStatus = Field(default_factory=RouterStatus, description="The router.")
     metrics: ObservedMetrics = Field(
         default_factory=ObservedMetrics, description="Latest SLO signals from Prometheus."
+    )
+    slo_budget: SloBudgetStatus | None = Field(
+        default=None,
+        description="Each SLO's attainment and error budget remaining over the compliance "
+        "window (the built-in autoscaler's count).",
     )
     autoscaler_memory: AutoscalerMemory | None = Field(
         default=None,

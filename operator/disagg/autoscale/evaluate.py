@@ -24,7 +24,8 @@ from typing import Any, Final
 from disagg.api.base import ApiModel, format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
 from disagg.api.spec import Mode, Role
-from disagg.api.status import AutoscalerMemory, ObservedMetrics
+from disagg.api.status import AutoscalerMemory, ObservedMetrics, SloBudget, SloBudgetStatus
+from disagg.autoscale.budget import Budget, standing
 from disagg.autoscale.combine import apply_budget, colocated
 from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
@@ -88,6 +89,10 @@ class Evaluation:
     relearning: tuple[PoolName, ...] = ()
     """Phases whose pool's spec changed how fast its engines are: their speed is learned
     again."""
+    budgets: Mapping[PoolName, Budget] = field(default_factory=dict)
+    """Each phase's SLO budget over the compliance window, counted this evaluation."""
+    slo_window: str = ""
+    """The compliance window as the spec says it."""
 
     def replicas(self) -> dict[str, int]:
         return {d.pool: d.desired for d in self.decisions}
@@ -181,6 +186,7 @@ def behavior(model: DisaggregatedModel) -> Behavior:
         down_cooldown=parse_duration(a.scale_down.cooldown),
         stale_after=max(30.0, 3 * parse_duration(a.interval)),
         window=parse_duration(a.window),
+        slo_window=parse_duration(a.slo_window),
     )
 
 
@@ -245,7 +251,11 @@ async def evaluate(
     else:
         scoped = {"prefill": policies["prefill"], "decode": policies["decode"]}
     budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
-    return Evaluation(decisions=tuple(budgeted), signals=signals, at=now, relearning=relearning)
+    budgets = {p: standing(state.memories[p].ledger, now, rules.slo_window) for p in POOLS}
+    return Evaluation(
+        decisions=tuple(budgeted), signals=signals, at=now, relearning=relearning,
+        budgets=budgets, slo_window=model.spec.autoscaling.slo_window,
+    )  # fmt: skip
 
 
 def _metrics(signals: Mapping[PoolName, Signals], at: float) -> ObservedMetrics:
@@ -258,6 +268,42 @@ def _metrics(signals: Mapping[PoolName, Signals], at: float) -> ObservedMetrics:
         tpot_p99_seconds=round(tpot, 6) if tpot is not None else None,
         request_rate=round(rate, 4) if rate is not None else None,
         observed_at=rfc3339(at),
+    )
+
+
+def _percent(fraction: float, digits: int) -> str:
+    return f"{fraction * 100:.{digits}f}%"
+
+
+def _slo_budget(budget: Budget) -> SloBudget:
+    attainment = budget.attainment
+    return SloBudget(
+        requests=round(budget.requests),
+        missed=round(budget.missed),
+        # Two decimals: 99.00% and 98.95% are a met and a missed p99.
+        attainment=None if attainment is None else _percent(attainment, 2),
+        remaining=_percent(budget.remaining, 0),
+        remaining_fraction=round(budget.remaining, 4),
+        burn_rate_5m=None if budget.burn_short is None else round(budget.burn_short, 2),
+        burn_rate_1h=None if budget.burn_long is None else round(budget.burn_long, 2),
+        fast_burn=budget.fast_burn,
+        fast_burn_rate=round(budget.fast_burn_at, 2),
+    )
+
+
+SLO_NAMES: Final[dict[PoolName, str]] = {"prefill": "TTFT", "decode": "TPOT"}
+
+
+def budget_status(budgets: Mapping[PoolName, Budget], window: str) -> SloBudgetStatus | None:
+    """How the SLOs' budgets read in status (pure); None before any was counted."""
+    if not budgets:
+        return None
+    lowest = min(budgets, key=lambda phase: budgets[phase].remaining)
+    return SloBudgetStatus(
+        window=window,
+        summary=f"{_percent(budgets[lowest].remaining, 0)} ({SLO_NAMES[lowest]})",
+        ttft=_slo_budget(budgets["prefill"]) if "prefill" in budgets else None,
+        tpot=_slo_budget(budgets["decode"]) if "decode" in budgets else None,
     )
 
 
@@ -277,12 +323,36 @@ def scaling_record(evaluation: Evaluation) -> ScalingRecord:
                  "; ".join(limited + unreachable)),
         scaled={d.pool: d.reason for d in evaluation.resized()},
         metrics=_metrics(evaluation.signals, evaluation.at),
+        budget=budget_status(evaluation.budgets, evaluation.slo_window),
     )  # fmt: skip
 
 
-def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) -> list[Obj]:
+def fast_burn_events(evaluation: Evaluation, previous_budget: object) -> list[Obj]:
+    """A Warning when an SLO's budget starts burning fast (``previous_budget``: status's
+    ``sloBudget`` before this evaluation; one Event per burn, not one per evaluation)."""
+    before = previous_budget if isinstance(previous_budget, dict) else {}
+    events = []
+    for phase, budget in evaluation.budgets.items():
+        name = SLO_NAMES[phase]
+        was = before.get(name.lower())
+        if not budget.fast_burn or (isinstance(was, dict) and was.get("fastBurn") is True):
+            continue
+        message = (
+            f"{name} p99 SLO: error budget burning {budget.burn_long or 0:.1f}x over the last "
+            f"hour and {budget.burn_short or 0:.1f}x over 5 minutes (at {budget.fast_burn_at:g}x "
+            f"2% of the {evaluation.slo_window} window's budget goes in an hour); "
+            f"{_percent(budget.remaining, 0)} of it remains"
+        )
+        events.append({"type": "Warning", "reason": "SLOBudgetFastBurn", "message": message})
+    return events
+
+
+def evaluation_events(
+    evaluation: Evaluation, previous_conditions: list[Obj], previous_budget: object = None
+) -> list[Obj]:
     """The Events an evaluation posts: one per resize, and a Warning the first time metrics
-    go missing or an SLO becomes unreachable (pure; ``type``, ``reason``, ``message``)."""
+    go missing, an SLO becomes unreachable or its error budget starts burning fast (pure;
+    ``type``, ``reason``, ``message``)."""
     before = {c.get("type"): c for c in previous_conditions}
     learning = []
     if evaluation.relearning:
@@ -306,6 +376,7 @@ def evaluation_events(evaluation: Evaluation, previous_conditions: list[Obj]) ->
         for d in evaluation.resized()
     ]
     events.extend(learning)
+    events.extend(fast_burn_events(evaluation, previous_budget))
     unreachable = [f"{d.pool}: {d.unreachable}" for d in evaluation.decisions if d.unreachable]
     if unreachable and UNREACHABLE_MARK not in str(
         before.get("ScalingLimited", {}).get("message", "")

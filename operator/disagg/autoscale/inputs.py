@@ -37,7 +37,7 @@ _NAMES: Final = {
 }
 
 
-_HISTOGRAMS: Final = ("prefill_buckets", "ttft_buckets")
+_HISTOGRAMS: Final = ("prefill_buckets", "ttft_buckets", "tpot_buckets")
 
 
 def invalid(signals: Signals) -> str | None:
@@ -76,9 +76,10 @@ def clean_buckets(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float
 def accepted(signals: Signals) -> tuple[Signals, str | None]:
     """The signals with their histograms cleaned, and what makes them unusable (or None)."""
     problem = invalid(signals)
-    prefill, ttft = clean_buckets(signals.prefill_buckets), clean_buckets(signals.ttft_buckets)
-    if (prefill, ttft) != (signals.prefill_buckets, signals.ttft_buckets):
-        signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft)
+    prefill, ttft, tpot = (clean_buckets(getattr(signals, name)) for name in _HISTOGRAMS)
+    if (prefill, ttft, tpot) != (signals.prefill_buckets, signals.ttft_buckets,
+                                 signals.tpot_buckets):  # fmt: skip
+        signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft, tpot_buckets=tpot)
     return signals, problem
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+from disagg.autoscale.budget import Slot, counted, recorded
 from disagg.autoscale.orders import arrivals, note_orders, take
 
 FLAP_SECONDS: Final = 300.0
@@ -128,6 +129,11 @@ class PoolMemory:
     """(time, requests per second reaching the pool) of the evaluations of the last two
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
     over both a trend (no scale-down while it lasts; a decode pool's headroom)."""
+    ledger: list[Slot] = field(default_factory=list)
+    """(slot start, requests, misses) of the pool's SLO over its compliance window: its
+    error budget (:mod:`disagg.autoscale.budget`)."""
+    counted_at: float | None = None
+    """When the ledger last counted requests."""
 
     shape: str | None = None
     """A digest of the spec that sets how fast the pool's engines are (model, engine, GPUs,
@@ -145,6 +151,21 @@ class PoolMemory:
             self.steps = []
         self.shape = shape
         return changed
+
+    def count_outcomes(
+        self,
+        buckets: tuple[tuple[float, float], ...],
+        slo: float,
+        window: float,
+        slo_window: float,
+        now: float,
+    ) -> None:
+        """Count the requests the SLO's histogram (bucket rates over ``window``) says were
+        served since the last count, and those that missed ``slo``, into the ledger."""
+        since = None if self.counted_at is None else now - self.counted_at
+        requests, missed = counted(buckets, slo, since, window)
+        self.ledger = recorded(self.ledger, now, requests, missed, slo_window)
+        self.counted_at = now
 
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None

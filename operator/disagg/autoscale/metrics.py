@@ -102,10 +102,15 @@ class PrometheusSource:
                 *(self._optional(queries.get(s) if sized else None) for s in PREFILL_LOAD),
                 *(self._optional(None if sized else queries.get(s)) for s in DECODE_LOAD),
             )
-            buckets, ttft_buckets = await asyncio.gather(
+            # The budget histogram of each pool's own SLO: TTFT per request (prefill),
+            # time per output token per request (decode).
+            histograms: dict[Signal, bool] = {
+                "prefillBuckets": sized, "ttftBuckets": sized, "tpotBuckets": not sized,
+            }  # fmt: skip
+            buckets, ttft_buckets, tpot_buckets = await asyncio.gather(
                 *(
-                    self.vector(queries[s], label="le") if sized and s in queries else _nothing()
-                    for s in ("prefillBuckets", "ttftBuckets")
+                    self.vector(queries[s], label="le") if read and s in queries else _nothing()
+                    for s, read in histograms.items()
                 )
             )
         except TimeoutError as error:
@@ -126,6 +131,7 @@ class PrometheusSource:
             prefill_seconds=prefill_seconds,
             prefill_buckets=cumulative_buckets(buckets),
             ttft_buckets=cumulative_buckets(ttft_buckets),
+            tpot_buckets=cumulative_buckets(tpot_buckets),
             tpot_mean=tpot_mean,
             generation_tokens_rate=generation_tokens,
         )

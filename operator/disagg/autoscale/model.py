@@ -37,6 +37,9 @@ class Signals:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     """Prefill: the TTFT histogram the p99 is read from, as the same kind of histogram (for
     the p99 of the prompts that can meet the SLO, when some cannot at any size)."""
+    tpot_buckets: tuple[tuple[float, float], ...] = ()
+    """Decode: each request's mean time per output token as the same kind of histogram (the
+    TPOT SLO's error budget counts the requests over it)."""
     tpot_mean: float | None = None
     """Decode: the mean time between output tokens over the window (the inter-token
     latency's sum over its count), seconds: the step time a running sequence sees."""
@@ -79,3 +82,5 @@ class Behavior:
     stale_after: float = 60.0
     window: float = 120.0
     """The queries' rate window: a p99 reflects the last ``window`` seconds."""
+    slo_window: float = 672 * 3600.0
+    """The SLOs' compliance window, which their error budgets are counted over."""

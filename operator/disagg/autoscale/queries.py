@@ -22,12 +22,12 @@ from typing import Final, Literal
 Signal = Literal[
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
-    "generationTokensRate", "ttftBuckets",
+    "generationTokensRate", "ttftBuckets", "tpotBuckets",
 ]  # fmt: skip
 SIGNALS: Final[tuple[Signal, ...]] = (
     "ttftP99", "tpotP99", "queue", "running", "kvUsage", "requestRate", "podsReporting",
     "lastSample", "promptTokensRate", "prefillSeconds", "prefillBuckets", "tpotMean",
-    "generationTokensRate", "ttftBuckets",
+    "generationTokensRate", "ttftBuckets", "tpotBuckets",
 )  # fmt: skip
 PREFILL_LOAD: Final[tuple[Signal, ...]] = ("promptTokensRate", "prefillSeconds")
 """What the TTFT-driven pool is sized from besides ``prefillBuckets`` (optional: an engine
@@ -56,6 +56,9 @@ class MetricNames:
     prompt_lengths: str | None = None
     """Histogram of prompt tokens per request (vLLM always; SGLang with
     ``--collect-tokens-histogram``)."""
+    request_tpot: str | None = None
+    """Histogram of each request's mean time per output token: what the TPOT SLO's error
+    budget counts (the inter-token histogram counts gaps, not requests)."""
 
 
 VLLM: Final = MetricNames(
@@ -69,6 +72,7 @@ VLLM: Final = MetricNames(
     prefill_time="vllm:request_prefill_time_seconds",
     generation_tokens="vllm:generation_tokens_total",
     prompt_lengths="vllm:request_prompt_tokens",
+    request_tpot="vllm:request_time_per_output_token_seconds",
 )
 SGLANG: Final = MetricNames(
     ttft="sglang:time_to_first_token_seconds",
@@ -85,11 +89,13 @@ SGLANG: Final = MetricNames(
     prefill_matcher=',stage="prefill_forward"',
     generation_tokens="sglang:generation_tokens_total",
     prompt_lengths="sglang:prompt_tokens_histogram",
+    request_tpot="sglang:request_time_per_output_token_seconds",
 )
 
 _TEMPLATES: Final[dict[Signal, str]] = {
     "ttftP99": "histogram_quantile(0.99, sum by (le) (rate({ttft}_bucket{{$selector}}[$window])))",
     "ttftBuckets": "sum by (le) (rate({ttft}_bucket{{$selector}}[$window]))",
+    "tpotBuckets": "sum by (le) (rate({request_tpot}_bucket{{$selector}}[$window]))",
     "tpotP99": "histogram_quantile(0.99, sum by (le) (rate({itl}_bucket{{$selector}}[$window])))",
     "queue": "sum({waiting}{{$selector}})",
     "running": "sum({running}{{$selector}})",

@@ -45,9 +45,12 @@ SERIES: Final[Mapping[str, tuple[str, ...]]] = {
     "outputs": ("time", "number"),
     "arrivals": ("time", "number"),
     "orders": ("time", "count"),
+    "ledger": ("time", "number", "number"),
 }
 """Each list of samples kept in the history, and what each position of a sample holds."""
-TIMES: Final = ("starting_since", "ready_at", "learned_at", "last_down", "last_up", "idle_since")
+TIMES: Final = (
+    "starting_since", "ready_at", "learned_at", "last_down", "last_up", "idle_since", "counted_at",
+)  # fmt: skip
 NUMBERS: Final = ("queue_change", "window_queue_change", "window_held_change")
 LEARNED: Final[Mapping[str, str]] = {
     "prefill_speed": "prefill_tokens_per_second",

@@ -50,6 +50,7 @@ class Recorder:
             metrics.get("ttftP99Seconds"),
             metrics.get("tpotP99Seconds"),
             reason,
+            budget=(status.get("sloBudget") or {}).get("summary"),
         )
         if self.loop.colocated_router is not None:
             status = self.loop.model(COLOCATED_MODEL).get("status", {})
@@ -90,7 +91,7 @@ def line(recorder: Recorder, phase: Phase, rate: float) -> str:
     return (
         f"t={s.t:5.0f}s [{phase.name:<12}] prefill {s.ready['prefill']}/{s.replicas['prefill']} "
         f"decode {s.ready['decode']}/{s.replicas['decode']}  TTFT p99 {ttft}  TPOT p99 {tpot}  "
-        f"load {rate:g} req/s  last: {s.reason}{colocated}"
+        f"budget {s.budget or '-'}  load {rate:g} req/s  last: {s.reason}{colocated}"
     )
 
 
@@ -123,6 +124,7 @@ def watch(recorder: Recorder, phase: Phase, done: threading.Event, interactive: 
                         f"TTFT p99 {show_seconds(s.colocated_ttft_p99)}   "
                         f"TPOT p99 {show_millis(s.colocated_tpot_p99)}",
                     )
+                grid.add_row("error budget", f"{s.budget or '-'} left (the lower SLO's)")
                 grid.add_row("request rate", f"{phase.rate:g} req/s (to each model)")
                 grid.add_row("last decision", s.reason)
             grid.add_row("kubectl get dm", recorder.status_line)

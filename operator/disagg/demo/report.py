@@ -27,6 +27,8 @@ class Sample:
     reason: str = ""
     colocated_ttft_p99: float | None = None
     colocated_tpot_p99: float | None = None
+    budget: str | None = None
+    """The error budget left over the SLO window, as the Budget column shows it."""
 
 
 @dataclass

@@ -206,8 +206,9 @@ class Reconciler:
         ):
             await self.recorder.warning(body, degraded.reason, degraded.message)
         if evaluation is not None:
-            before = (body.get("status") or {}).get("conditions") or []
-            for event in evaluation_events(evaluation, before):
+            written = body.get("status") or {}
+            before = written.get("conditions") or []
+            for event in evaluation_events(evaluation, before, written.get("sloBudget")):
                 await self._post(body, event)
         outcome = Outcome(applied=applied, pruned=pruned, requeue_after=self._next(model, now))
         wait = self._observe_wait((namespace, name), observed, degraded.status, now)

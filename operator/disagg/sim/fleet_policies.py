@@ -85,12 +85,18 @@ class SloPolicy:
             prefill_buckets=stats.prefill_buckets,
             tpot_mean=stats.tpot_mean,
             generation_tokens_rate=stats.generation_tokens_rate,
-            ttft_buckets=stats.ttft_buckets if phase == "prefill" else (),
+            # Histograms as Prometheus reads them: bucket rates over the window.
+            ttft_buckets=_rates(stats.ttft_buckets, stats.span) if phase == "prefill" else (),
+            tpot_buckets=_rates(stats.tpot_buckets, stats.span) if phase == "decode" else (),
         )
         return decide_pool(
             phase, signals, stats.replicas, stats.ready, self.policies[phase], self.behavior,
             self.memory(phase), self._last_scale.get(pool), now,
         )  # fmt: skip
+
+
+def _rates(counts: tuple[tuple[float, float], ...], span: float) -> tuple[tuple[float, float], ...]:
+    return tuple((bound, count / span) for bound, count in counts)
 
 
 @dataclass

@@ -71,4 +71,7 @@ def pool_stats(
         ttft_reported=quantile(ttft_buckets, 0.99),
         # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
         tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),
+        # vLLM observes a request's time per output token once it has more than one token.
+        tpot_buckets=cumulative_histogram(sorted(tpots), ITL_BUCKETS),
+        span=span,
     )

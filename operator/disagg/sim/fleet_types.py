@@ -50,6 +50,11 @@ class PoolStats:
     (one mean per request)."""
     generation_tokens_rate: float | None = None
     """Output tokens the pool's engines generated per second over the rate window."""
+    tpot_buckets: tuple[tuple[float, float], ...] = ()
+    """Each request's mean time per output token in vLLM's buckets (its
+    request_time_per_output_token histogram), as ``ttft_buckets`` counts."""
+    span: float = 1.0
+    """The seconds the window's counts cover: a count over it is the rate Prometheus reads."""
 
 
 def pools_of(mode: Mode) -> tuple[PoolName, ...]:

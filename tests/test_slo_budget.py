@@ -1,0 +1,170 @@
+"""Each SLO's error budget over its compliance window: what the engines' histograms say
+missed, the ledger status keeps across the window, and what a user sees of it (status, the
+Budget column, one Warning when a burn starts)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from disagg.api.base import parse_duration
+from disagg.autoscale.budget import (
+    FINE_SPAN,
+    coarse_slot,
+    counted,
+    missed_share,
+    recorded,
+    standing,
+)
+from disagg.autoscale.policy import Signals
+from test_reconcile_memory import restart
+from test_reconcile_pass import World, autoscaled
+
+INF = math.inf
+
+
+@pytest.mark.parametrize(
+    ("buckets", "slo", "share"),
+    [
+        # The SLO on a bound: exact.
+        (((0.5, 90.0), (1.0, 98.0), (2.5, 100.0), (INF, 100.0)), 1.0, 0.02),
+        # Inside a bucket: linear, as histogram_quantile reads it (halfway: half of its 8).
+        (((0.5, 90.0), (1.0, 98.0), (INF, 100.0)), 0.75, 0.06),
+        # Beyond the last bound: what the +Inf bucket holds is of unknown value, so it missed.
+        (((0.5, 90.0), (1.0, 97.0), (INF, 100.0)), 5.0, 0.03),
+        # Everything within.
+        (((0.025, 40.0), (0.05, 40.0), (INF, 40.0)), 0.05, 0.0),
+    ],
+)
+def test_the_share_over_the_slo_is_read_as_prometheus_reads_a_histogram(
+    buckets: tuple[tuple[float, float], ...], slo: float, share: float
+) -> None:
+    assert missed_share(buckets, slo) == pytest.approx(share)
+
+
+def test_nothing_observed_is_no_share_and_the_first_evaluation_counts_nothing() -> None:
+    assert missed_share((), 1.0) is None
+    assert missed_share(((1.0, 0.0), (INF, 0.0)), 1.0) is None
+    rates = ((1.0, 9.0), (INF, 10.0))
+    # The first evaluation's rates cover requests from before anyone counted.
+    assert counted(rates, 1.0, None, 120.0) == (0.0, 0.0)
+    assert counted(rates, 1.0, 15.0, 120.0) == pytest.approx((150.0, 15.0))
+    # After an outage the rates describe only the query window's requests.
+    assert counted(rates, 1.0, 900.0, 120.0) == pytest.approx((1200.0, 120.0))
+
+
+def test_a_day_in_the_ledger_keeps_every_request_in_a_few_hundred_slots() -> None:
+    window = 86400.0
+    ledger: list[tuple[float, float, float]] = []
+    now = 1_000_000.0
+    for tick in range(1, 2 * 86400 // 15 + 1):  # two days at a 15 s interval
+        t = now + 15 * tick
+        # 10 requests/s; the second day misses 0.5% of them, the last half hour 20%.
+        share = 0.2 if t > now + 2 * 86400 - 1800 else 0.005 if t > now + 86400 else 0.0
+        ledger = recorded(ledger, t, 150.0, 150.0 * share, window)
+    end = now + 2 * 86400
+    assert len(ledger) <= 60 + window / coarse_slot(window) + 2
+    # The first day left the window; the second day is all there, within a slot's width.
+    budget = standing(ledger, end, window)
+    assert budget.requests == pytest.approx(864_000, rel=coarse_slot(window) / window)
+    expected_missed = 0.005 * 150 * (86400 - 1800) / 15 + 0.2 * 150 * 1800 / 15
+    assert budget.missed == pytest.approx(expected_missed, rel=0.01)
+    # 1% of 864k requests may miss; 4,212 + 36,000 did: four times the budget is spent.
+    assert budget.remaining == pytest.approx(1 - expected_missed / 8640, rel=0.01)
+    # The last half hour burns at 20x, the hour before it at 0.5x.
+    assert budget.burn_short == pytest.approx(20.0)
+    assert budget.burn_long == pytest.approx(10.25, rel=0.05)
+    assert budget.fast_burn_at == 1.0 and budget.fast_burn  # a day's 2% in an hour: 0.48x
+    # Slots newer than an hour are minutes; older ones are merged, not lost.
+    assert all(b - a == 60 for (a, *_), (b, *_) in zip(ledger[-59:], ledger[-58:], strict=False))
+    assert ledger[-61][0] < end - FINE_SPAN
+
+
+def test_the_default_window_is_28_days_and_its_fast_burn_the_workbooks_page() -> None:
+    budget = standing([(0.0, 1000.0, 200.0)], 60.0, parse_duration("672h"))
+    assert budget.fast_burn_at == pytest.approx(13.44)  # 2% of 672 hours' budget in one
+    assert budget.burn_short == pytest.approx(20.0) and budget.fast_burn
+    assert budget.remaining == pytest.approx(-19.0)
+
+
+def _histogram(rate: float, missed: float, slo: float) -> tuple[tuple[float, float], ...]:
+    """Bucket rates with ``missed`` of ``rate`` over ``slo``, which is a bucket bound."""
+    return ((slo / 2, rate * (1 - missed) / 2), (slo, rate * (1 - missed)), (INF, rate))
+
+
+async def test_status_shows_each_slos_budget_and_a_fast_burn_warns_once() -> None:
+    world = World(autoscaled())  # TTFT 1 s, TPOT 50 ms
+    await world.reconcile()
+    world.pools_ready()
+    # 4 requests/s: 5% of the prompts over the TTFT SLO; every stream within TPOT.
+    world.prometheus.prefill = Signals(
+        p99=1.2, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
+        ttft_buckets=_histogram(4.0, 0.05, 1.0),
+    )  # fmt: skip
+    world.prometheus.decode = Signals(
+        p99=0.02, request_rate=4.0, queue=0.0, running=8.0, kv_usage=0.2, pods_reporting=10,
+        tpot_buckets=_histogram(4.0, 0.0, 0.05),
+    )  # fmt: skip
+    for _ in range(21):  # five minutes of evaluations, 15 s apart
+        world.clock.now += 15
+        await world.reconcile()
+        world.pools_ready()
+    status = world.model()["status"]["sloBudget"]
+    ttft, tpot = status["ttft"], status["tpot"]
+    assert status["window"] == "672h"
+    # 20 intervals counted (the first evaluation's rates are not apart from it).
+    assert (ttft["requests"], ttft["missed"]) == (1200, 60)
+    assert ttft["attainment"] == "95.00%" and ttft["remaining"] == "-400%"
+    assert ttft["burnRate5m"] == pytest.approx(5.0) and not ttft["fastBurn"]
+    assert (tpot["requests"], tpot["missed"], tpot["remaining"]) == (1200, 0, "100%")
+    assert status["summary"] == "-400% (TTFT)"
+
+    # Now a third of the prompts miss: 33x, past the 28-day window's 13.44x page.
+    world.prometheus.prefill = Signals(
+        p99=3.0, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
+        ttft_buckets=_histogram(4.0, 1 / 3, 1.0),
+    )  # fmt: skip
+    for _ in range(60):
+        world.clock.now += 15
+        await world.reconcile()
+        world.pools_ready()
+    ttft = world.model()["status"]["sloBudget"]["ttft"]
+    assert ttft["fastBurn"] and ttft["burnRate5m"] == pytest.approx(100 / 3, rel=0.01)
+    warnings = world.events("SLOBudgetFastBurn")
+    assert len(warnings) == 1, warnings
+    assert warnings[0]["type"] == "Warning" and "TTFT p99 SLO" in warnings[0]["message"]
+
+    # A restarted operator counts on from what status kept.
+    before = ttft["requests"]
+    restart(world)
+    world.clock.now += 15
+    await world.reconcile()
+    after = world.model()["status"]["sloBudget"]["ttft"]
+    assert after["requests"] == before + 60
+    assert len(world.events("SLOBudgetFastBurn")) == 1  # the same burn: no second Warning
+
+
+async def test_without_the_builtin_autoscaler_no_budget_is_shown() -> None:
+    world = World(autoscaled())
+    await world.reconcile()
+    world.pools_ready()
+    world.clock.now += 15
+    await world.reconcile()
+    assert "sloBudget" in world.model()["status"]
+    world.edit({"autoscaling": {"enabled": False}})
+    world.clock.now += 15
+    await world.reconcile()
+    assert "sloBudget" not in world.model()["status"]
+
+
+def test_a_window_outside_1h_to_90_days_is_refused_with_where() -> None:
+    from pydantic import ValidationError
+
+    from disagg.api.autoscaling import AutoscalingSpec
+
+    for window in ("30m", "2161h"):
+        with pytest.raises(ValidationError, match=r"sloWindow must be from 1h to 2160h"):
+            AutoscalingSpec.model_validate({"sloWindow": window})
+    with pytest.raises(ValidationError, match="not a duration"):
+        AutoscalingSpec.model_validate({"sloWindow": "28d"})
