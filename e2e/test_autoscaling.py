@@ -165,7 +165,7 @@ def test_prompts_too_long_for_the_ttft_slo_are_reported_not_scaled_for(loop: Sta
     assert budget["window"] == "672h", budget
     table = loop.kube.run("get", "dm", MODEL, "-n", loop.namespace).stdout
     header, row = table.splitlines()[:2]
-    assert "BUDGET" in header and re.search(r" -?\d+% \((TTFT|TPOT)\) ", row), table
+    assert "BUDGET" in header and re.search(r" (-?\d+\.\.)?-?\d+% \((TTFT|TPOT)\) ", row), table
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:

@@ -4,6 +4,7 @@ Budget column, one Warning when a burn starts)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from disagg.autoscale.budget import (
     standing,
 )
 from disagg.autoscale.policy import Signals
+from disagg.cli import main
 from test_reconcile_memory import restart
 from test_reconcile_pass import World, autoscaled
 
@@ -25,22 +27,23 @@ INF = math.inf
 
 
 @pytest.mark.parametrize(
-    ("buckets", "slo", "share"),
+    ("buckets", "slo", "shares"),
     [
-        # The SLO on a bound: exact.
-        (((0.5, 90.0), (1.0, 98.0), (2.5, 100.0), (INF, 100.0)), 1.0, 0.02),
-        # Inside a bucket: linear, as histogram_quantile reads it (halfway: half of its 8).
-        (((0.5, 90.0), (1.0, 98.0), (INF, 100.0)), 0.75, 0.06),
-        # Beyond the last bound: what the +Inf bucket holds is of unknown value, so it missed.
-        (((0.5, 90.0), (1.0, 97.0), (INF, 100.0)), 5.0, 0.03),
+        # The SLO on a bound: exact (also as Prometheus spells the bound back).
+        (((0.5, 90.0), (1.0, 98.0), (2.5, 100.0), (INF, 100.0)), 1.0, (0.02, 0.02)),
+        (((0.05, 99.0), (INF, 100.0)), 0.05000000000000001, (0.01, 0.01)),
+        # Inside a bucket: its 8 may have missed or not; 2 surely did.
+        (((0.5, 90.0), (1.0, 98.0), (INF, 100.0)), 0.75, (0.02, 0.10)),
+        # Beyond the last bound: what the +Inf bucket holds may have missed.
+        (((0.5, 90.0), (1.0, 97.0), (INF, 100.0)), 5.0, (0.0, 0.03)),
         # Everything within.
-        (((0.025, 40.0), (0.05, 40.0), (INF, 40.0)), 0.05, 0.0),
+        (((0.025, 40.0), (0.05, 40.0), (INF, 40.0)), 0.05, (0.0, 0.0)),
     ],
 )
-def test_the_share_over_the_slo_is_read_as_prometheus_reads_a_histogram(
-    buckets: tuple[tuple[float, float], ...], slo: float, share: float
+def test_what_a_histogram_says_for_certain_of_the_share_over_the_slo(
+    buckets: tuple[tuple[float, float], ...], slo: float, shares: tuple[float, float]
 ) -> None:
-    assert missed_share(buckets, slo) == pytest.approx(share)
+    assert missed_share(buckets, slo) == pytest.approx(shares)
 
 
 def test_nothing_observed_is_no_share_and_the_first_evaluation_counts_nothing() -> None:
@@ -48,21 +51,22 @@ def test_nothing_observed_is_no_share_and_the_first_evaluation_counts_nothing() 
     assert missed_share(((1.0, 0.0), (INF, 0.0)), 1.0) is None
     rates = ((1.0, 9.0), (INF, 10.0))
     # The first evaluation's rates cover requests from before anyone counted.
-    assert counted(rates, 1.0, None, 120.0) == (0.0, 0.0)
-    assert counted(rates, 1.0, 15.0, 120.0) == pytest.approx((150.0, 15.0))
+    assert counted(rates, 1.0, None, 120.0) == (0.0, 0.0, 0.0)
+    assert counted(rates, 1.0, 15.0, 120.0) == pytest.approx((150.0, 15.0, 15.0))
     # After an outage the rates describe only the query window's requests.
-    assert counted(rates, 1.0, 900.0, 120.0) == pytest.approx((1200.0, 120.0))
+    assert counted(rates, 1.0, 900.0, 120.0) == pytest.approx((1200.0, 120.0, 120.0))
 
 
 def test_a_day_in_the_ledger_keeps_every_request_in_a_few_hundred_slots() -> None:
     window = 86400.0
-    ledger: list[tuple[float, float, float]] = []
+    ledger: list[tuple[float, float, float, float]] = []
     now = 1_000_000.0
     for tick in range(1, 2 * 86400 // 15 + 1):  # two days at a 15 s interval
         t = now + 15 * tick
         # 10 requests/s; the second day misses 0.5% of them, the last half hour 20%.
         share = 0.2 if t > now + 2 * 86400 - 1800 else 0.005 if t > now + 86400 else 0.0
-        ledger = recorded(ledger, t, 150.0, 150.0 * share, window)
+        # Another 1% of them in the bucket that holds the SLO: they may have missed it.
+        ledger = recorded(ledger, t, (150.0, 150.0 * share, 150.0 * (share + 0.01)), window)
     end = now + 2 * 86400
     assert len(ledger) <= 60 + window / coarse_slot(window) + 2
     # The first day left the window; the second day is all there, within a slot's width.
@@ -72,6 +76,8 @@ def test_a_day_in_the_ledger_keeps_every_request_in_a_few_hundred_slots() -> Non
     assert budget.missed == pytest.approx(expected_missed, rel=0.01)
     # 1% of 864k requests may miss; 4,212 + 36,000 did: four times the budget is spent.
     assert budget.remaining == pytest.approx(1 - expected_missed / 8640, rel=0.01)
+    assert budget.missed_at_most == pytest.approx(expected_missed + 8640, rel=0.01)
+    assert budget.remaining_at_least == pytest.approx(budget.remaining - 1, rel=0.01)
     # The last half hour burns at 20x, the hour before it at 0.5x.
     assert budget.burn_short == pytest.approx(20.0)
     assert budget.burn_long == pytest.approx(10.25, rel=0.05)
@@ -82,7 +88,7 @@ def test_a_day_in_the_ledger_keeps_every_request_in_a_few_hundred_slots() -> Non
 
 
 def test_the_default_window_is_28_days_and_its_fast_burn_the_workbooks_page() -> None:
-    budget = standing([(0.0, 1000.0, 200.0)], 60.0, parse_duration("672h"))
+    budget = standing([(0.0, 1000.0, 200.0, 200.0)], 60.0, parse_duration("672h"))
     assert budget.fast_burn_at == pytest.approx(13.44)  # 2% of 672 hours' budget in one
     assert budget.burn_short == pytest.approx(20.0) and budget.fast_burn
     assert budget.remaining == pytest.approx(-19.0)
@@ -100,11 +106,11 @@ async def test_status_shows_each_slos_budget_and_a_fast_burn_warns_once() -> Non
     # 4 requests/s: 5% of the prompts over the TTFT SLO; every stream within TPOT.
     world.prometheus.prefill = Signals(
         p99=1.2, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
-        ttft_buckets=_histogram(4.0, 0.05, 1.0),
+        slo_buckets=_histogram(4.0, 0.05, 1.0),
     )  # fmt: skip
     world.prometheus.decode = Signals(
         p99=0.02, request_rate=4.0, queue=0.0, running=8.0, kv_usage=0.2, pods_reporting=10,
-        tpot_buckets=_histogram(4.0, 0.0, 0.05),
+        slo_buckets=_histogram(4.0, 0.0, 0.05),
     )  # fmt: skip
     for _ in range(21):  # five minutes of evaluations, 15 s apart
         world.clock.now += 15
@@ -123,7 +129,7 @@ async def test_status_shows_each_slos_budget_and_a_fast_burn_warns_once() -> Non
     # Now a third of the prompts miss: 33x, past the 28-day window's 13.44x page.
     world.prometheus.prefill = Signals(
         p99=3.0, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
-        ttft_buckets=_histogram(4.0, 1 / 3, 1.0),
+        slo_buckets=_histogram(4.0, 1 / 3, 1.0),
     )  # fmt: skip
     for _ in range(60):
         world.clock.now += 15
@@ -168,3 +174,41 @@ def test_a_window_outside_1h_to_90_days_is_refused_with_where() -> None:
             AutoscalingSpec.model_validate({"sloWindow": window})
     with pytest.raises(ValidationError, match="not a duration"):
         AutoscalingSpec.model_validate({"sloWindow": "28d"})
+
+
+@pytest.mark.parametrize("tpot", ["0.012", "0.025"])
+def test_the_simulated_operators_count_brackets_what_the_requests_saw(
+    tpot: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A colocated pool observes each request's whole TTFT and TPOT, as the client sees them.
+    # 25 ms is one of vLLM's bucket bounds, 12 ms is not: the count is exact, or a range.
+    args = ["simulate", "--workload", "chat", "--rate", "8", "--duration", "600", "--seed", "7",
+            "--mode", "colocated", "--ttft", "0.5", "--tpot", tpot, "--json"]  # fmt: skip
+    assert main(args) == 0
+    values = json.loads(capsys.readouterr().out)
+    exact, counted = values["attainment"], values["budgetAsCounted"]
+    for slo in ("ttft", "tpot"):
+        seen = counted[slo]
+        # Rates read over a window: the first minute's are read over less and count a
+        # little more, the last minute's a little less.
+        assert seen["requests"] == pytest.approx(values["requests"], rel=0.05), seen
+        assert seen["attainmentAtLeast"] - 0.005 <= exact[slo] <= seen["attainment"] + 0.005
+    ranged = counted["tpot"]["attainmentAtLeast"] < counted["tpot"]["attainment"]
+    assert ranged == (tpot == "0.012"), counted
+
+
+def test_status_shows_a_range_where_the_histogram_cannot_tell() -> None:
+    from disagg.autoscale.evaluate import budget_status
+
+    # 1,000 requests: TTFT 5 surely missed, TPOT none surely but 40 in the SLO's bucket.
+    ttft = standing([(0.0, 1000.0, 5.0, 5.0)], 60.0, 86400.0)
+    tpot = standing([(0.0, 1000.0, 0.0, 40.0)], 60.0, 86400.0)
+    shown = budget_status({"prefill": ttft, "decode": tpot}, "24h")
+    assert shown is not None and shown.ttft is not None and shown.tpot is not None
+    assert (shown.ttft.attainment, shown.ttft.remaining) == ("99.50%", "50%")
+    assert (shown.tpot.attainment, shown.tpot.remaining) == ("96.00..100.00%", "-300..100%")
+    assert (shown.tpot.missed, shown.tpot.missed_at_most) == (0, 40)
+    # The column names the SLO whose budget may be the lowest, with its range.
+    assert shown.summary == "-300..100% (TPOT)"
+    # Burn rates read only what surely missed: no page on requests that may have met it.
+    assert tpot.burn_short == 0.0 and not tpot.fast_burn

@@ -80,24 +80,38 @@ class SloBudget(ApiModel):
     """One SLO's attainment and error budget over the compliance window."""
 
     requests: int = Field(ge=0, description="Requests the SLO covered in the window so far.")
-    missed: int = Field(ge=0, description="Of those, the requests over the SLO.")
+    missed: int = Field(ge=0, description="Of those, the requests surely over the SLO.")
+    missed_at_most: int = Field(
+        ge=0,
+        description="Those and the requests that may be: the engines' histogram puts them in "
+        "the bucket that holds the SLO (the same as missed when the SLO is a bucket bound).",
+    )
     attainment: str | None = Field(
-        default=None, description="The share within the SLO, e.g. 99.42% (none counted: absent)."
+        default=None,
+        description="The share within the SLO, e.g. 99.42%, or a range when some requests "
+        "may have missed it (none counted: absent).",
     )
     remaining: str = Field(
         description="Error budget remaining: the share of the misses the target allows (1% "
-        "of the requests for a p99) not yet spent, e.g. 42%; negative when overspent."
+        "of the requests for a p99) not yet spent, e.g. 42%, or a range (-10..42%); negative "
+        "when overspent."
     )
     remaining_fraction: float = Field(
-        allow_inf_nan=False, description="The same as a fraction (1 = untouched)."
+        allow_inf_nan=False,
+        description="The most that remains, as a fraction (1 = untouched): what the requests "
+        "that surely missed leave.",
+    )
+    remaining_fraction_at_least: float = Field(
+        allow_inf_nan=False,
+        description="The least that remains: what missedAtMost would leave.",
     )
     burn_rate_5m: float | None = Field(
         default=None,
         alias="burnRate5m",
         ge=0,
         allow_inf_nan=False,
-        description="Misses over the last 5 minutes relative to what the target allows "
-        "(1 spends the budget exactly over the window).",
+        description="Requests that surely missed over the last 5 minutes relative to what the "
+        "target allows (1 spends the budget exactly over the window).",
     )
     burn_rate_1h: float | None = Field(
         default=None,

@@ -10,11 +10,16 @@ of the misses the target allows that has not been spent), and the burn rates ove
 5 minutes and the last hour: misses relative to what the target allows, so that 1 spends
 the budget exactly over the window.
 
-The counts come from the engines' own histograms, read as Prometheus reads them: TTFT per
-request on the pool that prefills, each request's mean time per output token on the pool
-that decodes. Inside the bucket that holds the SLO the share over it is interpolated
-linearly (exact when the SLO is a bucket bound); a request is counted when its engine
-observes it, so one still waiting is not counted yet.
+The counts come from the engines' own histograms: TTFT per request on the pool that
+prefills, each request's mean time per output token on the pool that decodes. A request is
+counted when its engine observes it, so one still waiting is not counted yet. A histogram
+says for certain only which bucket a request fell in: when the SLO is a bucket bound the
+count is exact; otherwise the requests in the bucket that holds the SLO may have missed it
+or not, so the ledger keeps both what surely missed and what may have. Interpolating inside
+the bucket instead (as ``histogram_quantile`` does) read 84.6% of a chat's requests within
+a 12 ms TPOT SLO that 99.9% met, vLLM's 10-25 ms bucket being mostly under the SLO. The
+burn rates, and so the fast-burn Warning, read what surely missed: they never page on
+requests that may have met the SLO.
 """
 
 from __future__ import annotations
@@ -37,40 +42,44 @@ FAST_BURN_SHARE: Final = 0.02
 """A fast burn spends this share of the window's budget within LONG_BURN, over both burn
 windows (the SRE workbook's page: 2% of a 30-day budget in an hour, a burn rate of 14.4)."""
 
-Slot = tuple[float, float, float]
-"""(slot start, requests counted, requests that missed the SLO), oldest first."""
+BOUND_MATCH: Final = 1e-9
+"""An SLO this close (relatively) to a bucket bound is on it: ``le="0.05"`` read back."""
+
+Slot = tuple[float, float, float, float]
+"""(slot start, requests counted, requests that surely missed the SLO, requests that may
+have), oldest first."""
 
 
-def missed_share(buckets: Sequence[tuple[float, float]], slo: float) -> float | None:
-    """The share of a cumulative histogram's observations over ``slo``; None when it
-    observed nothing. Observations in the +Inf bucket past the last bound count as misses
-    when the SLO lies beyond that bound (their values are unknown)."""
+def missed_share(buckets: Sequence[tuple[float, float]], slo: float) -> tuple[float, float] | None:
+    """The shares of a cumulative histogram's observations that surely are over ``slo`` and
+    that may be (those of the bucket holding it too; the same when it is a bound); None when
+    it observed nothing."""
     if not buckets or buckets[-1][1] <= 0:
         return None
     total = buckets[-1][1]
-    lower_bound, lower_count = 0.0, 0.0
+    lower = 0.0
     for bound, count in buckets:
-        if slo <= bound:
-            within = lower_count
-            if math.isfinite(bound) and bound > lower_bound:
-                within += (count - lower_count) * (slo - lower_bound) / (bound - lower_bound)
-            return min(1.0, max(0.0, 1.0 - within / total))
-        lower_bound, lower_count = bound, count
-    return 0.0
+        if abs(bound - slo) <= BOUND_MATCH * slo:
+            return 1.0 - count / total, 1.0 - count / total
+        if slo < bound:
+            return max(0.0, 1.0 - count / total), max(0.0, 1.0 - lower / total)
+        lower = count
+    return 0.0, 0.0
 
 
 def counted(
     buckets: Sequence[tuple[float, float]], slo: float, since_last: float | None, window: float
-) -> tuple[float, float]:
-    """(requests, misses) an evaluation adds from its histogram of bucket rates over the
-    query ``window``, ``since_last`` seconds after the last one that counted (None: none
-    has, and the rates overlap requests not seen apart from them, so it counts nothing)."""
-    share = missed_share(buckets, slo)
-    if share is None or since_last is None or since_last <= 0:
-        return 0.0, 0.0
+) -> tuple[float, float, float]:
+    """(requests, surely missed, maybe missed) an evaluation adds from its histogram of
+    bucket rates over the query ``window``, ``since_last`` seconds after the last one that
+    counted (None: none has, and the rates overlap requests not seen apart from them, so it
+    counts nothing)."""
+    shares = missed_share(buckets, slo)
+    if shares is None or since_last is None or since_last <= 0:
+        return 0.0, 0.0, 0.0
     # After a gap longer than the window the rates describe only the window's requests.
     requests = buckets[-1][1] * min(since_last, window)
-    return requests, requests * share
+    return requests, requests * shares[0], requests * shares[1]
 
 
 def coarse_slot(window: float) -> float:
@@ -79,23 +88,24 @@ def coarse_slot(window: float) -> float:
 
 
 def recorded(
-    ledger: Sequence[Slot], now: float, requests: float, missed: float, window: float
+    ledger: Sequence[Slot], now: float, counts: tuple[float, float, float], window: float
 ) -> list[Slot]:
-    """The ledger with ``requests`` and ``missed`` counted at ``now``, slots older than the
-    last hour merged into coarse ones and slots that left the window dropped."""
+    """The ledger with ``counts`` (requests, surely and maybe missed) counted at ``now``,
+    slots older than the last hour merged into coarse ones and slots that left the window
+    dropped."""
     coarse = coarse_slot(window)
     merged: dict[float, list[float]] = {}
-    for start, count, misses in [*ledger, (now, requests, missed)]:
-        if start > now or not (count or misses):
+    for start, *values in [*ledger, (now, *counts)]:
+        if start > now or not any(values):
             continue
         width = FINE_SLOT if now - start < FINE_SPAN else coarse
         key = math.floor(start / width) * width
         if key < now - window:
             continue
-        slot = merged.setdefault(key, [0.0, 0.0])
-        slot[0] += count
-        slot[1] += misses
-    return [(key, count, misses) for key, (count, misses) in sorted(merged.items())]
+        slot = merged.setdefault(key, [0.0, 0.0, 0.0])
+        for index, value in enumerate(values):
+            slot[index] += value
+    return [(key, count, surely, maybe) for key, (count, surely, maybe) in sorted(merged.items())]
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,9 @@ class Budget:
 
     requests: float
     missed: float
+    """Requests that surely missed the SLO."""
+    missed_at_most: float
+    """Those and the requests that may have (in the histogram bucket holding the SLO)."""
     burn_short: float | None
     """The burn rate over the last SHORT_BURN seconds (None: no request counted in them)."""
     burn_long: float | None
@@ -113,14 +126,27 @@ class Budget:
 
     @property
     def attainment(self) -> float | None:
+        """The share within the SLO, at most (the requests that surely missed are out)."""
         return None if self.requests <= 0 else 1.0 - self.missed / self.requests
 
     @property
+    def attainment_at_least(self) -> float | None:
+        return None if self.requests <= 0 else 1.0 - self.missed_at_most / self.requests
+
+    @property
     def remaining(self) -> float:
-        """The share of the misses the target allows that is left; negative when overspent."""
+        """The share of the misses the target allows that is left, at most; negative when
+        overspent."""
+        return self._left(self.missed)
+
+    @property
+    def remaining_at_least(self) -> float:
+        return self._left(self.missed_at_most)
+
+    def _left(self, missed: float) -> float:
         if self.requests <= 0:
             return 1.0
-        return 1.0 - self.missed / ((1.0 - TARGET) * self.requests)
+        return 1.0 - missed / ((1.0 - TARGET) * self.requests)
 
     @property
     def fast_burn(self) -> bool:
@@ -131,17 +157,19 @@ class Budget:
 
 
 def _burn(ledger: Sequence[Slot], now: float, span: float) -> float | None:
-    requests = sum(count for start, count, _ in ledger if start >= now - span)
-    missed = sum(misses for start, _, misses in ledger if start >= now - span)
-    return None if requests <= 0 else missed / requests / (1.0 - TARGET)
+    """Misses that surely happened in the last ``span`` over what the target allows."""
+    recent = [slot for slot in ledger if slot[0] >= now - span]
+    requests = sum(slot[1] for slot in recent)
+    return None if requests <= 0 else sum(slot[2] for slot in recent) / requests / (1 - TARGET)
 
 
 def standing(ledger: Sequence[Slot], now: float, window: float) -> Budget:
     """The SLO's budget over ``window`` as the ledger holds it at ``now``."""
     kept = [slot for slot in ledger if now - window <= slot[0] <= now]
     return Budget(
-        requests=sum(count for _, count, _ in kept),
-        missed=sum(misses for _, _, misses in kept),
+        requests=sum(slot[1] for slot in kept),
+        missed=sum(slot[2] for slot in kept),
+        missed_at_most=sum(slot[3] for slot in kept),
         burn_short=_burn(kept, now, SHORT_BURN),
         burn_long=_burn(kept, now, LONG_BURN),
         fast_burn_at=max(1.0, FAST_BURN_SHARE * window / LONG_BURN),

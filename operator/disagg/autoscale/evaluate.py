@@ -271,19 +271,25 @@ def _metrics(signals: Mapping[PoolName, Signals], at: float) -> ObservedMetrics:
     )
 
 
-def _percent(fraction: float, digits: int) -> str:
-    return f"{fraction * 100:.{digits}f}%"
+def _percent(high: float, digits: int, low: float | None = None) -> str:
+    """``42%``, or ``-10..42%`` when the value lies between ``low`` and ``high``."""
+    shown = f"{high * 100:.{digits}f}"
+    if low is not None and f"{low * 100:.{digits}f}" != shown:
+        shown = f"{low * 100:.{digits}f}..{shown}"
+    return f"{shown}%"
 
 
 def _slo_budget(budget: Budget) -> SloBudget:
-    attainment = budget.attainment
+    attainment, at_least = budget.attainment, budget.attainment_at_least
     return SloBudget(
         requests=round(budget.requests),
         missed=round(budget.missed),
+        missed_at_most=round(budget.missed_at_most),
         # Two decimals: 99.00% and 98.95% are a met and a missed p99.
-        attainment=None if attainment is None else _percent(attainment, 2),
-        remaining=_percent(budget.remaining, 0),
+        attainment=None if attainment is None else _percent(attainment, 2, at_least),
+        remaining=_percent(budget.remaining, 0, budget.remaining_at_least),
         remaining_fraction=round(budget.remaining, 4),
+        remaining_fraction_at_least=round(budget.remaining_at_least, 4),
         burn_rate_5m=None if budget.burn_short is None else round(budget.burn_short, 2),
         burn_rate_1h=None if budget.burn_long is None else round(budget.burn_long, 2),
         fast_burn=budget.fast_burn,
@@ -298,10 +304,11 @@ def budget_status(budgets: Mapping[PoolName, Budget], window: str) -> SloBudgetS
     """How the SLOs' budgets read in status (pure); None before any was counted."""
     if not budgets:
         return None
-    lowest = min(budgets, key=lambda phase: budgets[phase].remaining)
+    lowest = min(budgets, key=lambda phase: budgets[phase].remaining_at_least)
     return SloBudgetStatus(
         window=window,
-        summary=f"{_percent(budgets[lowest].remaining, 0)} ({SLO_NAMES[lowest]})",
+        summary=f"{_percent(budgets[lowest].remaining, 0, budgets[lowest].remaining_at_least)} "
+        f"({SLO_NAMES[lowest]})",
         ttft=_slo_budget(budgets["prefill"]) if "prefill" in budgets else None,
         tpot=_slo_budget(budgets["decode"]) if "decode" in budgets else None,
     )

@@ -37,7 +37,7 @@ _NAMES: Final = {
 }
 
 
-_HISTOGRAMS: Final = ("prefill_buckets", "ttft_buckets", "tpot_buckets")
+_HISTOGRAMS: Final = ("prefill_buckets", "ttft_buckets", "slo_buckets")
 
 
 def invalid(signals: Signals) -> str | None:
@@ -76,10 +76,10 @@ def clean_buckets(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float
 def accepted(signals: Signals) -> tuple[Signals, str | None]:
     """The signals with their histograms cleaned, and what makes them unusable (or None)."""
     problem = invalid(signals)
-    prefill, ttft, tpot = (clean_buckets(getattr(signals, name)) for name in _HISTOGRAMS)
-    if (prefill, ttft, tpot) != (signals.prefill_buckets, signals.ttft_buckets,
-                                 signals.tpot_buckets):  # fmt: skip
-        signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft, tpot_buckets=tpot)
+    prefill, ttft, slo = (clean_buckets(getattr(signals, name)) for name in _HISTOGRAMS)
+    if (prefill, ttft, slo) != (signals.prefill_buckets, signals.ttft_buckets,
+                                signals.slo_buckets):  # fmt: skip
+        signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft, slo_buckets=slo)
     return signals, problem
 
 

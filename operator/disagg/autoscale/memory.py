@@ -130,8 +130,8 @@ class PoolMemory:
     provisioning delays and one rate window: a jump between the delays is a surge, a rise
     over both a trend (no scale-down while it lasts; a decode pool's headroom)."""
     ledger: list[Slot] = field(default_factory=list)
-    """(slot start, requests, misses) of the pool's SLO over its compliance window: its
-    error budget (:mod:`disagg.autoscale.budget`)."""
+    """(slot start, requests, surely missed, maybe missed) of the pool's SLO over its
+    compliance window: its error budget (:mod:`disagg.autoscale.budget`)."""
     counted_at: float | None = None
     """When the ledger last counted requests."""
 
@@ -163,8 +163,7 @@ class PoolMemory:
         """Count the requests the SLO's histogram (bucket rates over ``window``) says were
         served since the last count, and those that missed ``slo``, into the ledger."""
         since = None if self.counted_at is None else now - self.counted_at
-        requests, missed = counted(buckets, slo, since, window)
-        self.ledger = recorded(self.ledger, now, requests, missed, slo_window)
+        self.ledger = recorded(self.ledger, now, counted(buckets, slo, since, window), slo_window)
         self.counted_at = now
 
     def remember(

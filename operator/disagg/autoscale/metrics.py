@@ -131,7 +131,7 @@ class PrometheusSource:
             prefill_seconds=prefill_seconds,
             prefill_buckets=cumulative_buckets(buckets),
             ttft_buckets=cumulative_buckets(ttft_buckets),
-            tpot_buckets=cumulative_buckets(tpot_buckets),
+            slo_buckets=cumulative_buckets(ttft_buckets if sized else tpot_buckets),
             tpot_mean=tpot_mean,
             generation_tokens_rate=generation_tokens,
         )

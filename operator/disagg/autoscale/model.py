@@ -37,9 +37,11 @@ class Signals:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     """Prefill: the TTFT histogram the p99 is read from, as the same kind of histogram (for
     the p99 of the prompts that can meet the SLO, when some cannot at any size)."""
-    tpot_buckets: tuple[tuple[float, float], ...] = ()
-    """Decode: each request's mean time per output token as the same kind of histogram (the
-    TPOT SLO's error budget counts the requests over it)."""
+    slo_buckets: tuple[tuple[float, float], ...] = ()
+    """The pool's SLO measure as its engines observe each request when it is done with it,
+    as the same kind of histogram: TTFT (prefill; the ``ttft_buckets`` histogram), each
+    request's mean time per output token (decode). The SLO's error budget counts the
+    requests over it."""
     tpot_mean: float | None = None
     """Decode: the mean time between output tokens over the window (the inter-token
     latency's sum over its count), seconds: the step time a running sequence sees."""

@@ -158,8 +158,9 @@ def decide_pool(
     problem = unusable(signals, ready, now, behavior.stale_after)
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
-    budget_histogram = signals.ttft_buckets if pool == "prefill" else signals.tpot_buckets
-    memory.count_outcomes(budget_histogram, policy.slo, behavior.window, behavior.slo_window, now)
+    memory.count_outcomes(
+        signals.slo_buckets, policy.slo, behavior.window, behavior.slo_window, now
+    )
     label = "TTFT" if pool == "prefill" else "TPOT"
     buckets = policy.latency_buckets or LATENCY_BUCKETS["vllm"][pool]
     band = tolerance(policy.slo, buckets)

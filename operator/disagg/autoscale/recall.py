@@ -45,7 +45,7 @@ SERIES: Final[Mapping[str, tuple[str, ...]]] = {
     "outputs": ("time", "number"),
     "arrivals": ("time", "number"),
     "orders": ("time", "count"),
-    "ledger": ("time", "number", "number"),
+    "ledger": ("time", "number", "number", "number"),
 }
 """Each list of samples kept in the history, and what each position of a sample holds."""
 TIMES: Final = (

@@ -89,6 +89,11 @@ class Fleet:
         self._owners: dict[int, tuple[Engine, Outcome]] = {}
         self._served: dict[PoolName, list[tuple[float, int]]] = {"prefill": [], "decode": []}
         """(time, prompt tokens) of every request a pool finished, in time order."""
+        self._observed: dict[tuple[PoolName, str], list[tuple[float, float]]] = {
+            (pool, slo): [] for pool in ("prefill", "decode") for slo in ("ttft", "tpot")
+        }
+        """(time, value) of each TTFT and time per output token a pool's engines observed, as
+        their histograms count them: when the first token is out, when the request is done."""
         self._generated: dict[PoolName, int] = {"prefill": 0, "decode": 0}
         """Output tokens each pool's engines emitted so far: their generation-token counter."""
         self._generated_seen: dict[PoolName, list[tuple[float, int]]] = {
@@ -230,6 +235,9 @@ class Fleet:
                 continue
             if index == 0:
                 outcome.first_token = self.now
+                self._observed[engine.pool, "ttft"].append(
+                    (self.now, self.now - outcome.request.arrival)
+                )
                 if outcome.offloaded:  # its offload slot is free again
                     engine.local_prefills -= 1
             outcome.last_token = self.now
@@ -239,9 +247,14 @@ class Fleet:
             owner, outcome = self._owners.pop(id(sim))
             owner.outstanding -= 1
             self._served[owner.pool].append((self.now, sim.prompt_tokens))
+            if outcome.tokens > 1 and (tpot := outcome.tpot) is not None:
+                self._observed[owner.pool, "tpot"].append((self.now, tpot))
             if owner.pool == "prefill" and self.config.mode == "disaggregated":
                 self._backlog.finished(owner.name, sim.prompt_tokens, self.now)
                 outcome.prefill_done = self.now
+                self._observed["prefill", "ttft"].append(
+                    (self.now, self.now - outcome.request.arrival)
+                )
                 network = self.config.network
                 delay = (
                     0.0
@@ -295,12 +308,18 @@ class Fleet:
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
         served = self._served[pool]
+        observed = {
+            slo: seen[bisect.bisect_left(seen, (since, -math.inf)) :]
+            for slo in ("ttft", "tpot")
+            if (seen := self._observed[pool, slo]) is not None
+        }
         stats = pool_stats(
             pool,
             self.config,
             self.now,
             self._arrived[bisect.bisect_left(self._arrivals, since) :],
             served[bisect.bisect_left(served, (since, -1)) :],
+            observed,
             [e for e in self.engines if e.pool == pool and e.removed_at is None],
             self._serving(pool),
         )

@@ -87,7 +87,9 @@ class SloPolicy:
             generation_tokens_rate=stats.generation_tokens_rate,
             # Histograms as Prometheus reads them: bucket rates over the window.
             ttft_buckets=_rates(stats.ttft_buckets, stats.span) if phase == "prefill" else (),
-            tpot_buckets=_rates(stats.tpot_buckets, stats.span) if phase == "decode" else (),
+            slo_buckets=_rates(
+                stats.ttft_done if phase == "prefill" else stats.tpot_done, stats.span
+            ),
         )
         return decide_pool(
             phase, signals, stats.replicas, stats.ready, self.policies[phase], self.behavior,

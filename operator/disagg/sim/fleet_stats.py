@@ -4,7 +4,7 @@ engines' metrics. Pure: :mod:`disagg.sim.fleet` slices the window and passes it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from disagg.autoscale.sizing import quantile
 from disagg.perf.buckets import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
@@ -24,11 +24,14 @@ def pool_stats(
     now: float,
     recent: Sequence[Outcome],
     served: Sequence[tuple[float, int]],
+    observed: Mapping[str, Sequence[tuple[float, float]]],
     engines: Sequence[Engine],
     serving: Sequence[Engine],
 ) -> PoolStats:
     """``recent``: requests that arrived in the window; ``served``: (time, prompt tokens) of
-    those the pool finished in it; ``engines``: the pool's live replicas (draining too);
+    those the pool finished in it; ``observed``: (time, the SLO's measure) of the requests
+    whose TTFT (prefill) or time per output token (decode) the pool's engines observed in
+    it (by ``ttft`` and ``tpot``); ``engines``: the pool's live replicas (draining too);
     ``serving``: those that take requests now."""
     disaggregated = config.mode == "disaggregated"
     done_first = [o for o in recent if o.first_token is not None]
@@ -71,7 +74,7 @@ def pool_stats(
         ttft_reported=quantile(ttft_buckets, 0.99),
         # Each stream's gaps counted at its mean gap: the simulator keeps no gap alone.
         tpot_reported=reported_p99([(t, float(n)) for n, t in streams], ITL_BUCKETS),
-        # vLLM observes a request's time per output token once it has more than one token.
-        tpot_buckets=cumulative_histogram(sorted(tpots), ITL_BUCKETS),
+        ttft_done=cumulative_histogram(sorted(v for _, v in observed["ttft"]), TTFT_BUCKETS),
+        tpot_done=cumulative_histogram(sorted(v for _, v in observed["tpot"]), ITL_BUCKETS),
         span=span,
     )

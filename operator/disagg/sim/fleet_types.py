@@ -50,9 +50,13 @@ class PoolStats:
     (one mean per request)."""
     generation_tokens_rate: float | None = None
     """Output tokens the pool's engines generated per second over the rate window."""
-    tpot_buckets: tuple[tuple[float, float], ...] = ()
-    """Each request's mean time per output token in vLLM's buckets (its
-    request_time_per_output_token histogram), as ``ttft_buckets`` counts."""
+    ttft_done: tuple[tuple[float, float], ...] = ()
+    """The TTFTs the pool's engines observed in the window (when each first token was out,
+    not when its request arrived, as Prometheus counts them), in vLLM's buckets: what the
+    TTFT SLO's error budget counts."""
+    tpot_done: tuple[tuple[float, float], ...] = ()
+    """The same of each finished request's mean time per output token (vLLM's
+    request_time_per_output_token): what the TPOT SLO's error budget counts."""
     span: float = 1.0
     """The seconds the window's counts cover: a count over it is the rate Prometheus reads."""
 

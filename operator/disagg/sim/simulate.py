@@ -15,10 +15,13 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from disagg.autoscale.budget import standing
 from disagg.extras import require_tools
 from disagg.perf import GPUS, MODELS, NETWORKS
 from disagg.perf.fitted import LATENCY_MODELS
 from disagg.sim.fleet import simulate
+from disagg.sim.fleet_policies import SloPolicy
+from disagg.sim.fleet_types import PoolName
 from disagg.sim.results import length_stats
 from disagg.sim.scenario import POLICIES, SHAPES, Scenario, build, requests_for, summarize
 from disagg.sim.traffic import MAX_SPAN_SECONDS, WORKLOADS, Request, load_trace
@@ -150,6 +153,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     cpu = time.process_time() - started
     summary = summarize(scenario, result)
     values = {**summary.values, "cpuSeconds": round(cpu, 2)}
+    if isinstance(config.policy, SloPolicy):
+        values["budgetAsCounted"] = counted_budgets(config.policy, result.duration)
     if args.trace is not None:  # the synthetic-traffic settings were not used
         described = {k: v for k, v in values["scenario"].items() if k not in SYNTHETIC_ONLY}
         values["scenario"] = {**described, "trace": trace_stats(args.trace.name, requests)}
@@ -224,6 +229,44 @@ def _requests_row(values: dict[str, Any]) -> str:
     return f"{values['requests']} ({values['finished']} finished{refused})"
 
 
+def counted_budgets(policy: SloPolicy, end: float) -> dict[str, dict[str, float | None]]:
+    """Each SLO's budget as the operator would show it in status at the end of the run: the
+    policy's own count from the engines' histograms, for the phase's pool (in a split
+    deployment, the prefill engines' TTFT of the prompts they served)."""
+    counted = {}
+    phases: tuple[tuple[PoolName, str], ...] = (("prefill", "ttft"), ("decode", "tpot"))
+    for phase, slo in phases:
+        budget = standing(policy.memory(phase).ledger, end, policy.behavior.slo_window)
+        attainment = budget.attainment
+        at_least = budget.attainment_at_least
+        counted[slo] = {
+            "requests": round(budget.requests),
+            "attainment": None if attainment is None else round(attainment, 4),
+            "attainmentAtLeast": None if at_least is None else round(at_least, 4),
+            "remaining": round(budget.remaining, 4),
+            "remainingAtLeast": round(budget.remaining_at_least, 4),
+        }
+    return counted
+
+
+def _span(low: float | None, high: float | None, spec: str) -> str:
+    shown = f"{high:{spec}}"
+    return shown if low is None or f"{low:{spec}}" == shown else f"{low:{spec}}..{shown}"
+
+
+def _budget_row(counted: dict[str, dict[str, float | None]]) -> str:
+    def one(slo: str) -> str:
+        b = counted[slo]
+        if b["attainment"] is None:
+            return f"{slo.upper()} none counted"
+        return (
+            f"{slo.upper()} {_span(b['attainmentAtLeast'], b['attainment'], '.2%')} of "
+            f"{b['requests']:.0f}, {_span(b['remainingAtLeast'], b['remaining'], '.0%')} left"
+        )
+
+    return f"{one('ttft')}; {one('tpot')}"
+
+
 def table(values: dict[str, Any]) -> str:
     s, a = values["scenario"], values["attainment"]
     pools = (
@@ -242,6 +285,11 @@ def table(values: dict[str, Any]) -> str:
         ("policy", f"{s['policy']} (provisioning delay {s['provisioning_delay']:g}s)"),
         ("requests", _requests_row(values)),
         ("SLO attainment", f"{a['both']:.1%} (TTFT {a['ttft']:.1%}, TPOT {a['tpot']:.1%})"),
+        *(
+            [("budget (counted)", _budget_row(values["budgetAsCounted"]))]
+            if "budgetAsCounted" in values
+            else []
+        ),
         ("goodput", f"{values['goodput']:.2f} req/s, {values['goodputPerGpu']:.3f} per GPU"),
         ("TTFT p50/p90/p99", ms(values["ttft"]) + " ms"),
         ("TPOT p50/p90/p99", ms(values["tpot"]) + " ms"),
