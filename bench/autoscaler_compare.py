@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import traces
 import tuned_baselines
 
+from disagg.autoscale.budget import TARGET
 from disagg.sim import baselines as baseline_search
 from disagg.sim.fleet import simulate
 from disagg.sim.results import Result, flaps, latencies, percentile
@@ -270,6 +271,13 @@ def out_of_reach(static: dict[str, Any], cold: float) -> dict[str, str]:
     }
 
 
+def budget_left(attainment: float) -> str:
+    """The error budget a run leaves of its p99 SLOs (requests meeting both), as the
+    operator's status counts it over a window that held just this run: 1% of the requests
+    may miss, and -100% is twice that spent."""
+    return f"{(1 - (1 - attainment) / (1 - TARGET)) * 100:.0f}%"
+
+
 def print_entry(entry: dict[str, Any]) -> None:
     refused = entry.get("refused", 0)
     refused_text = (
@@ -282,7 +290,7 @@ def print_entry(entry: dict[str, Any]) -> None:
         f"ceiling {entry['ceiling']:.1%}, from 1P+1D {entry['coldCeiling']:.1%})"
     )
     print(
-        f"  {'POLICY':24} {'IN SLO':>7} {'TTFT P99':>9} {'TPOT P99':>9} {'GPU-H':>7} "
+        f"  {'POLICY':24} {'IN SLO':>7} {'BUDGET':>7} {'TTFT P99':>9} {'TPOT P99':>9} {'GPU-H':>7} "
         f"{'xORACLE':>8} {'xSTATIC':>8} {'GOOD/GPU-H':>10} {'ACTIONS':>8} {'FLAPS':>6}"
     )
     for r in entry["rows"]:
@@ -290,7 +298,8 @@ def print_entry(entry: dict[str, Any]) -> None:
         ttft_text = "-" if ttft is None else f"{ttft:.2f}s"
         tpot_text = "-" if tpot is None else f"{tpot * 1000:.1f}ms"
         print(
-            f"  {r['policy']:24} {r['attainment']:7.1%} {ttft_text:>9} {tpot_text:>9} "
+            f"  {r['policy']:24} {r['attainment']:7.1%} {budget_left(r['attainment']):>7} "
+            f"{ttft_text:>9} {tpot_text:>9} "
             f"{r['gpuHours']:7.2f} {r['xOracle']:7.2f}x {r['xStatic']:7.2f}x "
             f"{r['goodputPerGpuHour']:10.0f} {r['actions']:8d} {r['flaps']:6d}"
         )
