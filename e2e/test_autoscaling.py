@@ -166,6 +166,11 @@ def test_prompts_too_long_for_the_ttft_slo_are_reported_not_scaled_for(loop: Sta
     table = loop.kube.run("get", "dm", MODEL, "-n", loop.namespace).stdout
     header, row = table.splitlines()[:2]
     assert "BUDGET" in header and re.search(r" (-?\d+\.\.)?-?\d+% \((TTFT|TPOT)\) ", row), table
+    # The operator exports the same count for the chart's burn-rate alerts.
+    ttft_series = f'model="{MODEL}",model_namespace="{loop.namespace}",slo="ttft"'
+    exported = loop.operator.metrics()
+    assert exported[f"disagg_slo_missed_total{{{ttft_series}}}"] >= 1, exported
+    assert exported[f"disagg_slo_requests_total{{{ttft_series}}}"] > 1, exported
 
 
 def test_prometheus_down_holds_replicas_and_reports_metrics_unavailable(loop: Stack) -> None:

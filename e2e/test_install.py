@@ -506,3 +506,94 @@ def test_gitops_reapply_after_the_operator_worked_changes_nothing(
 
 def _example_with_autoscaling() -> dict[str, Any]:
     return example("llama-8b-nixl-rdma")
+
+
+def _series(labels: str, values: str) -> dict[str, str]:
+    return {"series": labels, "values": values}
+
+
+def _burn_alert(model: str, kind: str, burn: str) -> dict[str, Any]:
+    """What the chart's rule says of a model burning its TTFT budget (``kind``: fast, slow)."""
+    where = f"team-a/{model}"
+    fast = kind == "fast"
+    over = (
+        "the last hour (2% of the window's budget per hour or more). See kubectl describe dm: "
+        "status.sloBudget, the pools' lastScaleReason and the ScalingLimited condition."
+        if fast
+        else "the last six hours (5% of the window's budget in six hours or more)."
+    )
+    return {
+        "exp_labels": {"severity": "critical" if fast else "warning",
+                       "model_namespace": "team-a", "model": model, "slo": "ttft"},
+        "exp_annotations": {
+            "summary": f"{where}: the ttft SLO's error budget is burning{' fast' if fast else ''}",
+            "description": f"The ttft p99 SLO of DisaggregatedModel {where} is missed {burn}x as "
+            f"often as its budget allows over {over}",
+        },
+    }  # fmt: skip
+
+
+def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Path) -> None:
+    """The chart's PrometheusRule, as rendered, under Debian's promtool: a fast burn pages,
+    a slow one files a ticket, a model within its budget is left alone, and an autoscaler
+    that cannot read its metrics is reported. Series are what the operator exports."""
+    (rule,) = [
+        d
+        for d in _docs(helm("template", "r", str(CHART), "--set",
+                            "metrics.prometheusRule.enabled=true").stdout)
+        if d["kind"] == "PrometheusRule"
+    ]  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    window = 672 * 3600  # the default sloWindow: a page at 13.44x, a ticket at 5.6x
+
+    def model(name: str, missed_per_minute: int, blind: bool = False) -> list[dict[str, str]]:
+        labels = f'model_namespace="team-a",model="{name}"'
+        ttft = f'{labels},slo="ttft"'
+        return [
+            _series(f"disagg_slo_requests_total{{{ttft}}}", "0+600x420"),  # 10 req/s for 7 h
+            _series(f"disagg_slo_missed_total{{{ttft}}}", f"0+{missed_per_minute}x420"),
+            _series(f"disagg_slo_window_seconds{{{labels}}}", f"{window}x420"),
+            # Blind: Prometheus unreachable from 371 minutes in.
+            _series(
+                f"disagg_autoscaler_metrics_unavailable{{{labels}}}",
+                "0x370 1x49" if blind else "0x420",
+            ),
+        ]
+
+    # 20% missed: 20x, past the page; 8%: past the ticket only; 0.5%: within its budget.
+    series = [*model("burning", 120), *model("leaking", 48), *model("steady", 3),
+              *model("blind", 0, blind=True)]  # fmt: skip
+    blind = {
+        "exp_labels": {"severity": "warning", "model_namespace": "team-a", "model": "blind"},
+        "exp_annotations": {
+            "summary": "team-a/blind: the autoscaler cannot read its metrics",
+            "description": "The built-in autoscaler has held the replicas of DisaggregatedModel "
+            "team-a/blind for 10 minutes because it cannot read Prometheus (the ScalingActive "
+            "condition's message says why).",
+        },
+    }
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "390m", "alertname": "DisaggSLOBudgetFastBurn",
+                 "exp_alerts": [_burn_alert("burning", "fast", "20.0")]},
+                {"eval_time": "390m", "alertname": "DisaggSLOBudgetSlowBurn",
+                 "exp_alerts": [_burn_alert("burning", "slow", "20.0"),
+                                _burn_alert("leaking", "slow", "8.0")]},
+                {"eval_time": "390m", "alertname": "DisaggAutoscalerMetricsUnavailable",
+                 "exp_alerts": [blind]},
+                # A minute into the burn the page waits for its `for`.
+                {"eval_time": "1m", "alertname": "DisaggSLOBudgetFastBurn", "exp_alerts": []},
+            ],
+        }],
+    }  # fmt: skip
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "tests.yaml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -109,9 +109,10 @@ def chart_values_schema() -> str:
 
 def main() -> int:
     helm = sys.argv[1] if len(sys.argv) > 1 else "helm"
+    # The schema first: helm checks the values against it when it renders install.yaml.
+    (CHART / "values.schema.json").write_text(chart_values_schema())
     (ROOT / "manifests" / "install.yaml").write_text(install_yaml(helm))
     (ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml").write_text(argocd_patch())
-    (CHART / "values.schema.json").write_text(chart_values_schema())
     (CHART / "README.md").write_text(chart_readme())
     print(
         "wrote manifests/install.yaml, manifests/argocd/argocd-cm-patch.yaml, "

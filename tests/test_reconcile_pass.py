@@ -131,8 +131,9 @@ class World:
         await self.settle()
         after = await self.reconciler.reconcile(NS, NAME)
         return replace(
-            after, applied=outcome.applied + after.applied, pruned=outcome.pruned + after.pruned
-        )
+            after, applied=outcome.applied + after.applied, pruned=outcome.pruned + after.pruned,
+            slo=outcome.slo or after.slo,
+        )  # fmt: skip
 
     def model(self) -> Obj:
         obj = self.kube.stored("DisaggregatedModel", NS, NAME)

@@ -21,7 +21,7 @@ from disagg.autoscale.budget import (
 from disagg.autoscale.policy import Signals
 from disagg.cli import main
 from test_reconcile_memory import restart
-from test_reconcile_pass import World, autoscaled
+from test_reconcile_pass import NAME, NS, World, autoscaled
 
 INF = math.inf
 
@@ -212,3 +212,42 @@ def test_status_shows_a_range_where_the_histogram_cannot_tell() -> None:
     assert shown.summary == "-300..100% (TPOT)"
     # Burn rates read only what surely missed: no page on requests that may have met it.
     assert tpot.burn_short == 0.0 and not tpot.fast_burn
+
+
+async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> None:
+    from prometheus_client import generate_latest
+
+    from disagg.reconcile.metrics import OperatorMetrics
+
+    world = World(autoscaled())
+    await world.reconcile()
+    world.pools_ready()
+    world.prometheus.prefill = Signals(
+        p99=1.2, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
+        slo_buckets=_histogram(4.0, 0.05, 1.0),
+    )  # fmt: skip
+    metrics = OperatorMetrics()
+    for _ in range(3):
+        world.clock.now += 15
+        outcome = await world.reconcile()
+        assert outcome.budgeted and outcome.slo is not None
+        metrics.observe_slo(NS, NAME, outcome.slo)
+    text = generate_latest(metrics.registry).decode()
+    labels = f'model="{NAME}",model_namespace="{NS}",slo="ttft"'
+    # Two intervals counted (the first evaluation's rates overlap what came before).
+    assert f"disagg_slo_requests_total{{{labels}}} 120.0" in text
+    assert f"disagg_slo_missed_total{{{labels}}} 6.0" in text
+    assert f"disagg_slo_budget_remaining{{{labels}}} -4.0" in text
+    assert f'disagg_slo_window_seconds{{model="{NAME}",model_namespace="{NS}"}} 2.4192e+06' in text
+    assert f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 0.0' in text
+
+    world.prometheus.down = True
+    world.clock.now += 15
+    outcome = await world.reconcile()
+    assert outcome.slo is not None and outcome.slo.holding
+    metrics.observe_slo(NS, NAME, outcome.slo)
+    text = generate_latest(metrics.registry).decode()
+    assert f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 1.0' in text
+
+    metrics.forget_slo(NS, NAME)  # the model is gone, or no longer autoscaled
+    assert f'model="{NAME}"' not in generate_latest(metrics.registry).decode()

@@ -79,6 +79,20 @@ class ScalerState:
 
 
 @dataclass(frozen=True)
+class SloReport:
+    """One evaluation's SLO counts, for the operator's metrics (and the alerts on them)."""
+
+    window: float
+    """The compliance window, seconds (0 when the evaluation read nothing)."""
+    counted: Mapping[str, tuple[float, float, float]]
+    """By SLO (ttft, tpot): requests counted, surely and at most missed."""
+    remaining: Mapping[str, float]
+    """By SLO: the most of the error budget that remains (a fraction; negative overspent)."""
+    holding: bool
+    """Metrics could not be read: replicas are held."""
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """What one evaluation decided; ``unavailable`` says why it decided nothing."""
 
@@ -93,6 +107,18 @@ class Evaluation:
     """Each phase's SLO budget over the compliance window, counted this evaluation."""
     slo_window: str = ""
     """The compliance window as the spec says it."""
+    counted: Mapping[PoolName, tuple[float, float, float]] = field(default_factory=dict)
+    """What this evaluation counted against each phase's SLO: requests, surely and at most
+    missed."""
+
+    def report(self) -> SloReport:
+        """What the operator's own metrics export of this evaluation."""
+        return SloReport(
+            window=parse_duration(self.slo_window) if self.slo_window else 0.0,
+            counted={SLO_NAMES[p].lower(): counts for p, counts in self.counted.items()},
+            remaining={SLO_NAMES[p].lower(): b.remaining for p, b in self.budgets.items()},
+            holding=self.unavailable is not None,
+        )
 
     def replicas(self) -> dict[str, int]:
         return {d.pool: d.desired for d in self.decisions}
@@ -224,7 +250,10 @@ async def evaluate(
     try:
         signals = await read_signals(model, source)
     except MetricsUnavailable as error:
-        return Evaluation(unavailable=str(error), at=now, relearning=relearning)
+        return Evaluation(
+            unavailable=str(error), at=now, relearning=relearning,
+            slo_window=model.spec.autoscaling.slo_window,
+        )  # fmt: skip
     policies = pool_policies(model)
     rules = behavior(model)
     share_look_back(state.memories.values())
@@ -245,6 +274,7 @@ async def evaluate(
                 now,
             )
         )
+    per_phase = tuple(decisions)
     scoped: dict[ScaledPool, PoolPolicy]
     if _colocated(model):
         decisions, scoped = [colocated(*decisions)], {"engine": policies["decode"]}
@@ -252,9 +282,10 @@ async def evaluate(
         scoped = {"prefill": policies["prefill"], "decode": policies["decode"]}
     budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
     budgets = {p: standing(state.memories[p].ledger, now, rules.slo_window) for p in POOLS}
+    counted = {phase: d.counted for phase, d in zip(POOLS, per_phase, strict=True)}
     return Evaluation(
         decisions=tuple(budgeted), signals=signals, at=now, relearning=relearning,
-        budgets=budgets, slo_window=model.spec.autoscaling.slo_window,
+        budgets=budgets, slo_window=model.spec.autoscaling.slo_window, counted=counted,
     )  # fmt: skip
 
 

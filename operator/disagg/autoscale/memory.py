@@ -159,12 +159,15 @@ class PoolMemory:
         window: float,
         slo_window: float,
         now: float,
-    ) -> None:
+    ) -> tuple[float, float, float]:
         """Count the requests the SLO's histogram (bucket rates over ``window``) says were
-        served since the last count, and those that missed ``slo``, into the ledger."""
+        served since the last count, and those that surely and at most missed ``slo``, into
+        the ledger; returns those counts."""
         since = None if self.counted_at is None else now - self.counted_at
-        self.ledger = recorded(self.ledger, now, counted(buckets, slo, since, window), slo_window)
+        counts = counted(buckets, slo, since, window)
+        self.ledger = recorded(self.ledger, now, counts, slo_window)
         self.counted_at = now
+        return counts
 
     def remember(
         self, now: float, replicas: int, horizon: float, sustained: int | None = None

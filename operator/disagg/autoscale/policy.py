@@ -122,6 +122,9 @@ class Decision:
     unreachable_share: float = 0.0
     invalid: str | None = None
     """Which signal held the pool because no engine reports such a value, when one did."""
+    counted: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """The requests this evaluation counted against the pool's SLO, and of those how many
+    surely and at most missed it (its error budget: :mod:`disagg.autoscale.budget`)."""
 
 
 def _hold(pool: PoolName, current: int, reason: str) -> Decision:
@@ -158,7 +161,7 @@ def decide_pool(
     problem = unusable(signals, ready, now, behavior.stale_after)
     if problem is not None or signals is None:
         return _hold(pool, current, f"holding: {problem}")
-    memory.count_outcomes(
+    counted = memory.count_outcomes(
         signals.slo_buckets, policy.slo, behavior.window, behavior.slo_window, now
     )
     label = "TTFT" if pool == "prefill" else "TPOT"
@@ -288,7 +291,7 @@ def decide_pool(
         )
         return Decision(
             pool, current, desired, action, reason, pressure=pressure,
-            unreachable=why_unreachable, unreachable_share=share,
+            unreachable=why_unreachable, unreachable_share=share, counted=counted,
         )  # fmt: skip
 
     # What the scale-down look-back keeps: a backlog's share of a recommendation is not

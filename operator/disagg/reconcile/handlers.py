@@ -94,6 +94,10 @@ async def _work(runtime: Runtime, key: Key) -> None:
         else "conflict" if outcome.conflict else "ok"
     )  # fmt: skip
     runtime.metrics.reconciles.labels(result=result).inc()
+    if outcome.slo is not None:
+        runtime.metrics.observe_slo(namespace, name, outcome.slo)
+    elif outcome.gone or outcome.invalid or not outcome.budgeted:
+        runtime.metrics.forget_slo(namespace, name)
     if outcome.applied or outcome.pruned:
         log.info(
             "Reconciled DisaggregatedModel %s/%s applied=%d pruned=%d",

@@ -1,8 +1,18 @@
-"""The operator's own Prometheus metrics and its health endpoints."""
+"""The operator's own Prometheus metrics and its health endpoints.
+
+Besides its own work (reconciles, API writes, leadership), the operator exports what the
+built-in autoscaler counts of each model's SLOs: the requests each SLO covered and those
+that missed it, as counters, so that burn rates over any window are a PromQL ``rate()``
+away (the chart's PrometheusRule pages on them), the window and the budget remaining.
+Only the leader evaluates, so only its counters move; summed across replicas they count
+each request once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from typing import Final
 
 from aiohttp import web
 from prometheus_client import (
@@ -14,6 +24,12 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from disagg.autoscale.evaluate import SloReport
+
+SLO_LABELS: Final = ["model_namespace", "model", "slo"]
+"""Not `namespace`: the scrape sets that one to the operator pod's."""
+SLOS: Final = ("ttft", "tpot")
 
 
 class OperatorMetrics:
@@ -46,9 +62,69 @@ class OperatorMetrics:
         self.queue = Gauge(
             "disagg_operator_queue_depth", "Models waiting or reconciling.", registry=self.registry
         )
+        self.slo_requests = Counter(
+            "disagg_slo_requests",
+            "Requests an SLO covered, as the autoscaler counted them from the engines.",
+            SLO_LABELS,
+            registry=self.registry,
+        )
+        self.slo_missed = Counter(
+            "disagg_slo_missed",
+            "Of those, the requests that surely missed the SLO.",
+            SLO_LABELS,
+            registry=self.registry,
+        )
+        self.slo_missed_at_most = Counter(
+            "disagg_slo_missed_at_most",
+            "Those and the requests that may have (in the histogram bucket holding the SLO).",
+            SLO_LABELS,
+            registry=self.registry,
+        )
+        self.slo_remaining = Gauge(
+            "disagg_slo_budget_remaining",
+            "The most of the SLO's error budget that remains over its window (1: untouched; "
+            "negative: overspent).",
+            SLO_LABELS,
+            registry=self.registry,
+        )
+        self.slo_window = Gauge(
+            "disagg_slo_window_seconds",
+            "The SLOs' compliance window (spec.autoscaling.sloWindow).",
+            ["model_namespace", "model"],
+            registry=self.registry,
+        )
+        self.holding = Gauge(
+            "disagg_autoscaler_metrics_unavailable",
+            "1 while the autoscaler holds a model's replicas because it cannot read its metrics.",
+            ["model_namespace", "model"],
+            registry=self.registry,
+        )
 
     def count_write(self, kind: str, verb: str) -> None:
         self.writes.labels(kind=kind, verb=verb).inc()
+
+    def observe_slo(self, namespace: str, model: str, report: SloReport) -> None:
+        """Export what one evaluation counted of a model's SLOs."""
+        self.holding.labels(namespace, model).set(1 if report.holding else 0)
+        if report.window:
+            self.slo_window.labels(namespace, model).set(report.window)
+        for slo, (requests, missed, at_most) in report.counted.items():
+            self.slo_requests.labels(namespace, model, slo).inc(requests)
+            self.slo_missed.labels(namespace, model, slo).inc(missed)
+            self.slo_missed_at_most.labels(namespace, model, slo).inc(at_most)
+        for slo, remaining in report.remaining.items():
+            self.slo_remaining.labels(namespace, model, slo).set(remaining)
+
+    def forget_slo(self, namespace: str, model: str) -> None:
+        """Drop a model's SLO series: it is gone, or nothing counts its SLOs any more."""
+        for metric in (self.holding, self.slo_window):
+            with contextlib.suppress(KeyError):
+                metric.remove(namespace, model)
+        for slo in SLOS:
+            for counted in (self.slo_requests, self.slo_missed, self.slo_missed_at_most,
+                            self.slo_remaining):  # fmt: skip
+                with contextlib.suppress(KeyError):
+                    counted.remove(namespace, model, slo)
 
 
 async def serve(

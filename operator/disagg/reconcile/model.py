@@ -31,6 +31,7 @@ from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.evaluate import (
     Evaluation,
     ScalerState,
+    SloReport,
     SourceFactory,
     evaluate,
     evaluation_events,
@@ -86,6 +87,10 @@ class Outcome:
     """Seconds until the next autoscaler evaluation is due, or the status write's wait ends."""
     status_waiting: bool = False
     """The status write waits for the Deployment controller (see OBSERVE_WAIT_SECONDS)."""
+    budgeted: bool = False
+    """The built-in autoscaler counts this model's SLOs (its metrics are exported)."""
+    slo: SloReport | None = None
+    """This pass's evaluation, as the operator's metrics export it (None: none was due)."""
 
 
 def _already_degraded(
@@ -210,7 +215,10 @@ class Reconciler:
             before = written.get("conditions") or []
             for event in evaluation_events(evaluation, before, written.get("sloBudget")):
                 await self._post(body, event)
-        outcome = Outcome(applied=applied, pruned=pruned, requeue_after=self._next(model, now))
+        outcome = Outcome(
+            applied=applied, pruned=pruned, requeue_after=self._next(model, now),
+            budgeted=_builtin(model), slo=evaluation.report() if evaluation else None,
+        )  # fmt: skip
         wait = self._observe_wait((namespace, name), observed, degraded.status, now)
         if wait is not None:
             due = min(wait, outcome.requeue_after or wait)
