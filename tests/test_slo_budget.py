@@ -239,7 +239,10 @@ async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> No
     assert f"disagg_slo_missed_total{{{labels}}} 6.0" in text
     assert f"disagg_slo_budget_remaining{{{labels}}} -4.0" in text
     assert f'disagg_slo_window_seconds{{model="{NAME}",model_namespace="{NS}"}} 2.4192e+06' in text
-    assert f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 0.0' in text
+    assert (
+        f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 0.0'
+        in text
+    )
 
     world.prometheus.down = True
     world.clock.now += 15
@@ -247,7 +250,10 @@ async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> No
     assert outcome.slo is not None and outcome.slo.holding
     metrics.observe_slo(NS, NAME, outcome.slo)
     text = generate_latest(metrics.registry).decode()
-    assert f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 1.0' in text
+    assert (
+        f'disagg_autoscaler_metrics_unavailable{{model="{NAME}",model_namespace="{NS}"}} 1.0'
+        in text
+    )
 
     metrics.forget_slo(NS, NAME)  # the model is gone, or no longer autoscaled
     assert f'model="{NAME}"' not in generate_latest(metrics.registry).decode()
