@@ -99,15 +99,22 @@ def _histogram(rate: float, missed: float, slo: float) -> tuple[tuple[float, flo
     return ((slo / 2, rate * (1 - missed) / 2), (slo, rate * (1 - missed)), (INF, rate))
 
 
-async def test_status_shows_each_slos_budget_and_a_fast_burn_warns_once() -> None:
-    world = World(autoscaled())  # TTFT 1 s, TPOT 50 ms
+async def _serving_prefill(missed: float) -> World:
+    """A model (TTFT 1 s, TPOT 50 ms) with its pools up, whose prefill engines serve 4
+    requests/s with ``missed`` of them over the TTFT SLO."""
+    world = World(autoscaled())
     await world.reconcile()
     world.pools_ready()
-    # 4 requests/s: 5% of the prompts over the TTFT SLO; every stream within TPOT.
     world.prometheus.prefill = Signals(
         p99=1.2, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
-        slo_buckets=_histogram(4.0, 0.05, 1.0),
+        slo_buckets=_histogram(4.0, missed, 1.0),
     )  # fmt: skip
+    return world
+
+
+async def test_status_shows_each_slos_budget_and_a_fast_burn_warns_once() -> None:
+    world = await _serving_prefill(missed=0.05)
+    # Every stream within TPOT.
     world.prometheus.decode = Signals(
         p99=0.02, request_rate=4.0, queue=0.0, running=8.0, kv_usage=0.2, pods_reporting=10,
         slo_buckets=_histogram(4.0, 0.0, 0.05),
@@ -219,13 +226,7 @@ async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> No
 
     from disagg.reconcile.metrics import OperatorMetrics
 
-    world = World(autoscaled())
-    await world.reconcile()
-    world.pools_ready()
-    world.prometheus.prefill = Signals(
-        p99=1.2, request_rate=4.0, queue=0.0, running=2.0, pods_reporting=10,
-        slo_buckets=_histogram(4.0, 0.05, 1.0),
-    )  # fmt: skip
+    world = await _serving_prefill(missed=0.05)
     metrics = OperatorMetrics()
     for _ in range(3):
         world.clock.now += 15
