@@ -98,7 +98,8 @@ SIM_SOURCES = (
     "baselines.py",
     "fleet_policies.py",
     "results.py",
-    "../router/offload.py",
+    "../routing/offload.py",
+    "../routing/affinity.py",
 )
 
 

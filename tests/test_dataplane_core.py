@@ -25,8 +25,8 @@ from disagg.router.protocol import (
     sglang_request,
     validate,
 )
+from disagg.routing.tokens import estimate_tokens
 from disagg.sim.scheduler import Scheduler, SimRequest
-from disagg.sim.tokens import estimate_tokens
 
 H100_8B = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"), 1)
 

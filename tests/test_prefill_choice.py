@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from disagg.router.affinity import AffinityRecord, choose, least_work
 from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.prompt_blocks import Prompt
 from disagg.router.proxy import RouterConfig
+from disagg.routing.affinity import AffinityRecord, choose, least_work
+from disagg.routing.prompt import Prompt
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build
 from disagg.sim.traffic import Request

@@ -9,10 +9,10 @@ import time
 from prometheus_client import generate_latest
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
+from disagg.routing.tokens import estimate_tokens
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.prefix_cache import PrefixCache, block_hashes, prompt_units
 from disagg.sim.scheduler import Scheduler, SimRequest
-from disagg.sim.tokens import estimate_tokens
 
 SHAPE = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"), 1)
 

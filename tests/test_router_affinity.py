@@ -15,24 +15,24 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from disagg.router.affinity import (
+from disagg.router.app import build_app
+from disagg.router.endpoints import Endpoint, Picker, Pool
+from disagg.router.metrics import RouterMetrics
+from disagg.router.prompt_blocks import (
+    CharacterReader,
+    TokenizerUnavailable,
+    prompt_reader,
+)
+from disagg.router.proxy import Router, RouterConfig
+from disagg.router.relay import Answer
+from disagg.routing.affinity import (
     DECODE_SLACK,
     AffinityRecord,
     LocalPrefill,
     choose,
     decode_alone,
 )
-from disagg.router.app import build_app
-from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.metrics import RouterMetrics
-from disagg.router.prompt_blocks import (
-    CharacterReader,
-    Prompt,
-    TokenizerUnavailable,
-    prompt_reader,
-)
-from disagg.router.proxy import Router, RouterConfig
-from disagg.router.relay import Answer
+from disagg.routing.prompt import Prompt
 from disagg.sim.engine import Engine
 from simengines import serve_engine
 

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from disagg.router.offload import Offload, PrefillBacklog
 from disagg.router.proxy import Router, RouterConfig
+from disagg.routing.offload import Offload, PrefillBacklog
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build
 from disagg.sim.traffic import Request, generate, step

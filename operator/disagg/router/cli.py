@@ -14,14 +14,14 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from disagg.router.affinity import DEFAULT_BUDGET, LocalPrefill
 from disagg.router.app import build_app
 from disagg.router.deadline import HeaderDeadline
 from disagg.router.endpoints import POLICIES, Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.offload import Offload
 from disagg.router.prompt_blocks import DEFAULT_BLOCK_SIZE, TokenizerUnavailable, prompt_reader
 from disagg.router.proxy import Router, RouterConfig
+from disagg.routing.affinity import DEFAULT_BUDGET, LocalPrefill
+from disagg.routing.offload import Offload
 
 
 def _url(text: str) -> str:

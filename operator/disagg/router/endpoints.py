@@ -3,8 +3,8 @@
 Least outstanding requests uses power-of-two choices: sample two healthy endpoints, take
 the one with fewer requests in flight. Where the router counts what each endpoint has in
 flight in the units it serves (a vLLM prefill pool's prompt tokens), the choice by load is
-the endpoint with the least of that instead (:func:`~disagg.router.affinity.least_work`).
-Cache-aware (:mod:`disagg.router.affinity`) sends a
+the endpoint with the least of that instead (:func:`~disagg.routing.affinity.least_work`).
+Cache-aware (:mod:`disagg.routing.affinity`) sends a
 request where the router sent its prompt's leading blocks before, unless that engine is
 overloaded, and is least-outstanding otherwise. Prefix affinity hashes the start of the
 prompt onto a stable endpoint, falling back to least-outstanding when that endpoint is much
@@ -21,14 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from disagg.router.affinity import (
+from disagg.routing.affinity import (
     DECODE_SLACK,
     PREFILL_SLACK,
     AffinityRecord,
     choose,
     least_work,
 )
-from disagg.router.prompt_blocks import Prompt
+from disagg.routing.prompt import Prompt
 
 POLICIES: Final = ("cache-aware", "least-outstanding", "round-robin", "prefix-affinity")
 PREFIX_CHARS: Final = 256

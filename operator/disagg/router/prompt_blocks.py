@@ -5,7 +5,7 @@ The hashes only have to agree with themselves: they name what the router sent wh
 the engines' own block ids, so any tokenization that is stable across requests works. With
 the model's tokenizer (``--tokenizer``, a Hugging Face ``tokenizer.json`` read by the
 ``tokenizers`` library) counts and block edges are the engine's; without it a token is four
-characters (:func:`disagg.sim.tokens.estimate_tokens`, the count the pd threshold uses).
+characters (:func:`disagg.routing.tokens.estimate_tokens`, the count the pd threshold uses).
 
 A chat prompt is its messages in order, each a role marker and then its content, so turn
 N+1 starts with the blocks of turn N: what the engine's prefix cache reuses once the chat
@@ -17,24 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from disagg.sim.tokens import CHARS_PER_TOKEN, content_text, estimate_tokens
+from disagg.routing.prompt import Prompt
+from disagg.routing.tokens import CHARS_PER_TOKEN, content_text, estimate_tokens
 
 DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size: the grain at which a prefix cache hits."""
 _CHARS: Final = int(CHARS_PER_TOKEN)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """What the router knows of one request's prompt."""
-
-    tokens: int
-    blocks: tuple[bytes, ...]
-    """Chained hash of each full block, in prompt order."""
 
 
 def chain(pieces: Sequence[bytes]) -> tuple[bytes, ...]:

@@ -11,7 +11,7 @@ Failure handling, in the order a request meets it:
 * a client that disconnects cancels the upstream request (aiohttp cancels the handler).
 
 While the prefill pool is backed up, a short prompt may skip it: a decode engine with room
-prefills it itself (path ``offloaded``, :mod:`disagg.router.offload`).
+prefills it itself (path ``offloaded``, :mod:`disagg.routing.offload`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ import aiohttp
 from aiohttp import web
 
 from disagg.router import protocol
-from disagg.router.affinity import LocalPrefill, decode_alone
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.offload import Offload, PrefillBacklog, slot
-from disagg.router.prompt_blocks import CharacterReader, Prompt, PromptReader
+from disagg.router.prompt_blocks import CharacterReader, PromptReader
 from disagg.router.relay import Answer, UpstreamError, relay
-from disagg.sim.tokens import continuation, estimate_tokens
+from disagg.routing.affinity import LocalPrefill, decode_alone
+from disagg.routing.offload import Offload, PrefillBacklog, slot
+from disagg.routing.prompt import Prompt
+from disagg.routing.tokens import continuation, estimate_tokens
 
 log = logging.getLogger("disagg.router")
 PASSED_HEADERS = ("Authorization", "X-Request-Id")
@@ -198,7 +199,7 @@ def _prompt_tokens(call: Call) -> int:
 
 def _offload_target(router: Router, call: Call) -> Endpoint | None:
     """The decode engine that prefills this prompt itself because the prefill pool is
-    backed up (:mod:`disagg.router.offload`), or None."""
+    backed up (:mod:`disagg.routing.offload`), or None."""
     rule = router.config.offload
     if rule is None:
         return None

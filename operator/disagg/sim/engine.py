@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, transfer_time
+from disagg.routing.tokens import continuation, output_token
 from disagg.sim.kvchannel import KvLender, KvPending, KvUnknown, fetch
 from disagg.sim.metrics import EngineMetrics
 from disagg.sim.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache, block_hashes, prompt_units
 from disagg.sim.scheduler import Scheduler, SimRequest, Step
-from disagg.sim.tokens import continuation, output_token
 
 EngineRole = Literal["prefill", "decode", "both"]
 

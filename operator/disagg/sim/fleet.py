@@ -8,8 +8,8 @@ KV cache over the network (its transfer time follows the model's KV bytes per to
 generates in a decode pool. Requests are routed as the router routes them: a prompt under
 the pd threshold goes straight to decode, a short one is offloaded to a decode engine
 while the prefill pool is backed up (the router's own rule and wait estimate,
-:mod:`disagg.router.offload`), and the rest go to the prefill engine with the fewest prompt
-tokens in flight (:func:`disagg.router.affinity.least_work`). An autoscaling policy can
+:mod:`disagg.routing.offload`), and the rest go to the prefill engine with the fewest prompt
+tokens in flight (:func:`disagg.routing.affinity.least_work`). An autoscaling policy can
 resize the pools every interval; new replicas serve after a provisioning delay, removed ones
 drain first.
 
@@ -38,8 +38,8 @@ from disagg.perf.roofline import (
     kv_capacity_tokens,
     transfer_time,
 )
-from disagg.router.affinity import least_work
-from disagg.router.offload import PrefillBacklog
+from disagg.routing.affinity import least_work
+from disagg.routing.offload import PrefillBacklog
 from disagg.sim.fleet_stats import pool_stats
 from disagg.sim.fleet_types import (
     Engine,

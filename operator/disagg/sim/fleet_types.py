@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, step_time
-from disagg.router.offload import Offload
+from disagg.routing.offload import Offload
 from disagg.sim.scheduler import Scheduler, Step
 
 Mode = Literal["colocated", "disaggregated"]
@@ -123,4 +123,4 @@ class FleetConfig:
     """Shorter prompts skip the prefill pool, as the router sends them (its
     ``prefillThresholdTokens``)."""
     offload: Offload | None = None
-    """The router's conditional disaggregation (:mod:`disagg.router.offload`); None: off."""
+    """The router's conditional disaggregation (:mod:`disagg.routing.offload`); None: off."""

@@ -8,7 +8,7 @@ finish their blocks stay cached and the least recently used unpinned ones are ev
 the cache holds more blocks than the KV capacity.
 
 Without a tokenizer the simulator's tokens are the units :func:`prompt_units` cuts the text
-into: four characters each (the estimate :mod:`disagg.sim.tokens` counts), a role marker per
+into: four characters each (the estimate :mod:`disagg.routing.tokens` counts), a role marker per
 chat message, or the ids of a prompt given as token ids. A finished answer's blocks are
 cached too, as the blocks of the conversation's next turn would begin (the chat with the
 answer as the assistant's message, or the text prompt followed by it): vLLM keeps the
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
-from disagg.sim.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, content_text
+from disagg.routing.tokens import CHARS_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS, content_text
 
 DEFAULT_BLOCK_SIZE: Final = 16
 _CHARS: Final = int(CHARS_PER_TOKEN)

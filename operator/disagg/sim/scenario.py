@@ -17,7 +17,7 @@ from disagg.autoscale.policy import Behavior, PoolPolicy
 from disagg.perf.fitted import latency_model
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import NETWORKS, EngineShape, StepTime, kv_capacity_tokens
-from disagg.router.offload import Offload
+from disagg.routing.offload import Offload
 from disagg.sim.fleet import FleetConfig, Mode, ScalingPolicy
 from disagg.sim.fleet_policies import (
     SloPolicy,

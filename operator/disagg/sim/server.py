@@ -20,12 +20,12 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from disagg.routing.tokens import estimate_tokens, output_token
 from disagg.sim.answers import full_answer, stream_chunk
 from disagg.sim.engine import Engine
 from disagg.sim.kvchannel import KvFetchError
 from disagg.sim.prefix_cache import block_hashes, prompt_units
 from disagg.sim.scheduler import SimRequest
-from disagg.sim.tokens import estimate_tokens, output_token
 
 log = logging.getLogger("disagg.sim")
 ENGINE_KEY = web.AppKey("engine", Engine)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from disagg.router.prompt_blocks import Prompt
+from disagg.routing.prompt import Prompt
 
 DEFAULT_BUDGET: Final = 1 << 18
 """Blocks remembered per pool: 4M tokens at 16 per block, about 30 MB."""
