@@ -12,10 +12,10 @@ import pytest
 
 from closedloop import TIME_SCALE, LoadReport, ReplicaRecorder, Stack, drive, stack
 from dataplane import LOG_DIR
-from disagg.autoscale.evaluate import DELETION_COST, POOLS
 from disagg.autoscale.recall import recalled
 from disagg.demo.load import MODEL
 from disagg.naming import RELEARN_ANNOTATION
+from disagg.reconcile.evaluate import DELETION_COST, POOLS
 from harness import Kube, Operator, wait_for
 
 

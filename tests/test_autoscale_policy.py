@@ -422,7 +422,7 @@ def test_queries_use_the_relabelled_pool_labels_and_overrides() -> None:
 
 
 def test_load_queries_read_the_prefill_phase_histogram_where_the_engine_has_one() -> None:
-    from disagg.autoscale.metrics import cumulative_buckets
+    from disagg.reconcile.prometheus import cumulative_buckets
 
     vllm = build_queries("vllm", "ns", "m", "prefill", 120)
     assert vllm["prefillBuckets"] == (
@@ -496,7 +496,7 @@ def test_a_decode_pool_reads_its_step_time_and_output_tokens_from_either_engine(
 def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
     from conftest import load_example
     from disagg.api import parse_model
-    from disagg.autoscale.evaluate import pool_policies
+    from disagg.reconcile.evaluate import pool_policies
 
     policies = pool_policies(parse_model(load_example("llama-70b-tp4-tp8")))
     assert policies["prefill"].step_tokens == 16384
@@ -508,8 +508,8 @@ def test_a_disaggregated_prefill_pool_reads_its_engines_step_budget() -> None:
 def test_an_sglang_pool_reads_its_p99_against_sglangs_own_buckets() -> None:
     from conftest import load_example
     from disagg.api import parse_model
-    from disagg.autoscale.evaluate import pool_policies
     from disagg.perf.buckets import SGLANG_ITL_BUCKETS
+    from disagg.reconcile.evaluate import pool_policies
 
     decode = pool_policies(parse_model(load_example("sglang-mooncake")))["decode"]
     assert decode.latency_buckets == SGLANG_ITL_BUCKETS

@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import load_example
 from disagg.api import parse_model
 from disagg.api.resource import ManifestError
-from disagg.autoscale.evaluate import pool_policies
 from disagg.cli import build_parser
 from disagg.devcluster.podemu import sim_argv
 from disagg.perf.buckets import ITL_BUCKETS, SGLANG_ITL_BUCKETS, SGLANG_TTFT_BUCKETS, TTFT_BUCKETS
 from disagg.perf.engine_buckets import SGLANG_PHASE_FLAG, VLLM_FAMILIES, VLLM_FLAG
+from disagg.reconcile.evaluate import pool_policies
 from disagg.sim.cli import _config
 from disagg.sim.metrics import EngineMetrics
 from test_upstream_facts import SGLANG_FACTS, VLLM_FACTS

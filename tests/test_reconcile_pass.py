@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from conftest import load_example
-from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.queries import Signal
 from disagg.kube.client import KubeError
@@ -27,6 +26,7 @@ from disagg.reconcile.children import (
     WATCHED_KINDS,
 )
 from disagg.reconcile.model import OBSERVE_WAIT_SECONDS, Outcome, Reconciler
+from disagg.reconcile.prometheus import MetricsUnavailable, PrometheusSource
 from disagg.status import worth_writing
 from fakekube import FakeKube
 

@@ -205,7 +205,7 @@ def test_the_simulated_operators_count_brackets_what_the_requests_saw(
 
 
 def test_status_shows_a_range_where_the_histogram_cannot_tell() -> None:
-    from disagg.autoscale.evaluate import budget_status
+    from disagg.reconcile.evaluate import budget_status
 
     # 1,000 requests: TTFT 5 surely missed, TPOT none surely but 40 in the SLO's bucket.
     ttft = standing([(0.0, 1000.0, 5.0, 5.0)], 60.0, 86400.0)

@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from disagg.autoscale.evaluate import SloReport
+from disagg.reconcile.evaluate import SloReport
 
 SLO_LABELS: Final = ["model_namespace", "model", "slo"]
 """Not `namespace`: the scrape sets that one to the operator pod's."""

@@ -28,7 +28,15 @@ from disagg.api.base import parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.spec import Role
 from disagg.api.status import DisaggregatedModelStatus
-from disagg.autoscale.evaluate import (
+from disagg.autoscale.recall import remembered
+from disagg.clock import Clock, rfc3339, system_clock
+from disagg.kube.client import KubeClient, KubeError
+from disagg.kube.events import EventRecorder
+from disagg.kube.informer import ChildCache
+from disagg.kube.models import ModelStore
+from disagg.naming import ROLE_LABEL, ComponentRole, child_name
+from disagg.reconcile.children import Live, apply_children, prune
+from disagg.reconcile.evaluate import (
     Evaluation,
     ScalerState,
     SloReport,
@@ -39,15 +47,7 @@ from disagg.autoscale.evaluate import (
     recalled_state,
     scaling_record,
 )
-from disagg.autoscale.metrics import PrometheusSource
-from disagg.autoscale.recall import remembered
-from disagg.clock import Clock, rfc3339, system_clock
-from disagg.kube.client import KubeClient, KubeError
-from disagg.kube.events import EventRecorder
-from disagg.kube.informer import ChildCache
-from disagg.kube.models import ModelStore
-from disagg.naming import ROLE_LABEL, ComponentRole, child_name
-from disagg.reconcile.children import Live, apply_children, prune
+from disagg.reconcile.prometheus import PrometheusSource
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.rollout import unobserved
 from disagg.status import (

@@ -27,7 +27,6 @@ from disagg.api.spec import Mode, Role
 from disagg.api.status import AutoscalerMemory, ObservedMetrics, SloBudget, SloBudgetStatus
 from disagg.autoscale.budget import Budget, standing
 from disagg.autoscale.combine import apply_budget, colocated
-from disagg.autoscale.metrics import MetricsUnavailable, PrometheusSource
 from disagg.autoscale.policy import (
     INVALID_MARK,
     UNREACHABLE_MARK,
@@ -47,6 +46,7 @@ from disagg.clock import epoch_of, rfc3339
 from disagg.kube.client import KubeClient, KubeError
 from disagg.naming import RELEARN_ANNOTATION
 from disagg.perf.engine_buckets import latency_buckets
+from disagg.reconcile.prometheus import MetricsUnavailable, PrometheusSource
 from disagg.render.workers import engine_image
 from disagg.status import ScalingRecord
 
