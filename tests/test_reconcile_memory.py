@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
-from disagg.api.crd import model_schema
+from disagg.api.schema import model_schema
 from disagg.api.resource import known_fields
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.policy import Signals

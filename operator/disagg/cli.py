@@ -11,60 +11,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
 from disagg import __version__
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
-from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
 from disagg.diagnose.cli import register as register_diagnose
+from disagg.model_files import CliError, load_models
 from disagg.plan.cli import register as register_plan
 from disagg.reconcile.run import register_cli as register_run
 from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
 from disagg.sim.cli import register as register_sim
 from disagg.sim.simulate import register as register_simulate
-from disagg.yamlio import YamlLimitError, dump, dump_all, load_all
+from disagg.yamlio import dump, dump_all
 from disagg_engine.cli import add_actions as add_engine_actions
-
-
-class CliError(Exception):
-    """A user-facing failure: printed as is, exit code 1."""
-
-
-def _read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError as error:
-        raise CliError(f"{path}: no such file") from error
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise CliError(f"{path}: cannot read: {error}") from error
-
-
-def load_models(path: str) -> list[DisaggregatedModel]:
-    """Every DisaggregatedModel in a YAML file, or a CliError naming each problem."""
-    text = _read_text(path)
-    try:
-        documents = load_all(text)
-    except YamlLimitError as error:
-        raise CliError(f"{path}: refused: {error}") from error
-    except yaml.YAMLError as error:
-        raise CliError(f"{path}: not valid YAML: {error}") from error
-    if not documents:
-        raise CliError(f"{path}: no YAML documents found")
-    models, problems = [], []
-    for index, document in enumerate(documents):
-        label = f"{path}" if len(documents) == 1 else f"{path} (document {index + 1})"
-        try:
-            models.append(parse_model(document))
-        except ManifestError as error:
-            problems += [f"{label}: {line}" for line in error.problems]
-    if problems:
-        raise CliError("\n".join(problems))
-    return models
 
 
 def cmd_render(args: argparse.Namespace) -> int:

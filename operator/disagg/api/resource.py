@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from disagg.api.container import CONTAINER_PATTERN_MEANINGS
 from disagg.api.scheduling import DNS_LABEL, SCHEDULING_PATTERN_MEANINGS
+from disagg.api.schema import model_schema
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.nesting import path_deeper_than
@@ -193,8 +194,6 @@ def api_schema(
     part: type[DisaggregatedModelSpec] | type[DisaggregatedModelStatus],
 ) -> dict[str, Any]:
     """The CRD's structural schema of ``spec`` or ``status``, built once (read, never changed)."""
-    from disagg.api.crd import model_schema  # the CRD module builds on this one
-
     return model_schema(part)
 
 

@@ -27,6 +27,7 @@ from disagg.diagnose.advice import EngineFacts, NextStep, Traffic, next_step
 from disagg.diagnose.report import to_json, to_text
 from disagg.diagnose.series import Series, by_role, range_queries, timeline, traffic_queries
 from disagg.diagnose.verdict import Slo, diagnose
+from disagg.model_files import load_models
 from disagg.perf import NETWORKS
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import EngineShape
@@ -144,8 +145,6 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts, str]:
     spec = None
     source = "defaults"
     if args.file:
-        from disagg.cli import load_models  # disagg.cli imports this module
-
         models = [m for m in load_models(args.file) if m.metadata.name == args.model]
         if not models:
             raise DiagnoseError(f"{args.file}: no DisaggregatedModel named {args.model!r}")
