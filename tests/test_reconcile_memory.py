@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 import json
 
-from disagg.api.schema import model_schema
 from disagg.api.resource import known_fields
+from disagg.api.schema import model_schema
 from disagg.api.status import DisaggregatedModelStatus
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.recall import MEMORY_REFRESH_SECONDS
