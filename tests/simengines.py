@@ -12,7 +12,7 @@ from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, 
 from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.proxy import Router, RouterConfig
+from disagg.router.state import Router, RouterConfig
 from disagg.sim.engine import Engine, EngineConfig
 from disagg.sim.server import build_app as build_engine_app
 

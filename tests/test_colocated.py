@@ -17,7 +17,7 @@ from disagg.render import RenderContext, render_all
 from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.proxy import Router, RouterConfig
+from disagg.router.state import Router, RouterConfig
 from disagg.status import Observed, compute_status
 from disagg.transition import Switch, plan_switch
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.proxy import RouterConfig
+from disagg.router.state import RouterConfig
 from disagg.routing.affinity import AffinityRecord, choose, least_work
 from disagg.routing.prompt import Prompt
 from disagg.sim.fleet import Fleet

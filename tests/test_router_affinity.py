@@ -23,8 +23,8 @@ from disagg.router.prompt_blocks import (
     TokenizerUnavailable,
     prompt_reader,
 )
-from disagg.router.proxy import Router, RouterConfig
 from disagg.router.relay import Answer
+from disagg.router.state import Router, RouterConfig
 from disagg.routing.affinity import (
     DECODE_SLACK,
     AffinityRecord,

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from disagg.router.proxy import Router, RouterConfig
+from disagg.router.state import Router, RouterConfig
 from disagg.routing.offload import Offload, PrefillBacklog
 from disagg.sim.fleet import Fleet
 from disagg.sim.scenario import Scenario, build

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from disagg.router.app import build_app
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
-from disagg.router.proxy import Router, RouterConfig
+from disagg.router.state import Router, RouterConfig
 
 BODY = {"model": "m", "prompt": "x" * 4000, "max_tokens": 4}
 

@@ -12,7 +12,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from disagg.router.proxy import ROUTER_KEY, Router, chat, completions
+from disagg.router.proxy import chat, completions
+from disagg.router.state import ROUTER_KEY, Router
 
 
 async def models(request: web.Request) -> web.Response:

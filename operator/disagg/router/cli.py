@@ -19,7 +19,7 @@ from disagg.router.deadline import HeaderDeadline
 from disagg.router.endpoints import POLICIES, Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import DEFAULT_BLOCK_SIZE, TokenizerUnavailable, prompt_reader
-from disagg.router.proxy import Router, RouterConfig
+from disagg.router.state import Router, RouterConfig
 from disagg.routing.affinity import DEFAULT_BUDGET, LocalPrefill
 from disagg.routing.offload import Offload
 

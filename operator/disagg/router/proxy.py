@@ -20,119 +20,34 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from disagg.router import protocol
-from disagg.router.endpoints import Endpoint, Picker, Pool
-from disagg.router.metrics import RouterMetrics
-from disagg.router.prompt_blocks import CharacterReader, PromptReader
+from disagg.router.endpoints import Endpoint
 from disagg.router.relay import Answer, UpstreamError, relay
-from disagg.routing.affinity import LocalPrefill, decode_alone
-from disagg.routing.offload import Offload, PrefillBacklog, slot
-from disagg.routing.prompt import Prompt
+from disagg.router.sglang import handle_sglang
+from disagg.router.state import (
+    RETRIABLE_CLIENT_ERRORS,
+    ROUTER_KEY,
+    Call,
+    EngineRejected,
+    Router,
+    error_response,
+    note_failure,
+    open_decode,
+)
+from disagg.routing.affinity import decode_alone
+from disagg.routing.offload import slot
 from disagg.routing.tokens import continuation, estimate_tokens
 
 log = logging.getLogger("disagg.router")
 PASSED_HEADERS = ("Authorization", "X-Request-Id")
-UNREACHABLE_SECONDS = 2.0
-
-
-def _note_failure(endpoint: Endpoint, failure: BaseException) -> None:
-    """An engine that refuses connections is skipped for a moment (it may still be starting)."""
-    if isinstance(failure, aiohttp.ClientConnectorError):
-        endpoint.unreachable_until = time.monotonic() + UNREACHABLE_SECONDS
-
-
-@dataclass
-class RouterConfig:
-    """Behaviour of one router process."""
-
-    served_model_name: str | None
-    colocated: bool = False
-    """One engine pool prefills and decodes: every request goes to a decode engine as sent."""
-    pd_threshold: int = 256
-    backend: str = "vllm"
-    prefill_timeout: float = 60.0
-    decode_connect_timeout: float = 10.0
-    decode_read_timeout: float = 300.0
-    max_body_bytes: int = 4 * 1024 * 1024
-    body_timeout: float = 30.0
-    """Seconds a client may take to send its request body (slow clients are cut off)."""
-    max_upstream_connections: int = 1024
-    """Open connections to the engines at most; more requests wait for a free one."""
-    local_prefill: LocalPrefill | None = field(default_factory=LocalPrefill)
-    """Cache-aware routing: when a decode engine prefills a follow-up itself (None: never)."""
-    offload: Offload | None = None
-    """When a decode engine prefills a short prompt because the prefill pool is backed up
-    (None: never)."""
-
-
-@dataclass
-class Router:
-    """Shared state of the request handlers."""
-
-    config: RouterConfig
-    prefill: Pool
-    decode: Pool
-    picker: Picker
-    metrics: RouterMetrics
-    session: aiohttp.ClientSession | None = None
-    rng: random.Random = field(default_factory=random.Random)
-    prompts: PromptReader = field(default_factory=CharacterReader)
-    """How prompts become tokens and blocks (cache-aware routing)."""
-    backlog: PrefillBacklog = field(default_factory=PrefillBacklog)
-    """Prompt tokens in flight at each prefill engine and how fast it finishes them."""
-
-
-ROUTER_KEY = web.AppKey("router", Router)
-
-
-@dataclass(frozen=True)
-class Call:
-    """One client request as the handlers pass it along."""
-
-    path: str
-    body: dict[str, Any]
-    headers: dict[str, str]
-    """What is forwarded to the engines."""
-    request_id: str
-    arrival: float
-    prefix: str
-    """The prompt's start, for prefix affinity."""
-    prompt: Prompt | None
-    """Token count and block hashes, for cache-aware routing (None under other policies)."""
-
-
-class EngineRejected(Exception):
-    """The engine refused the request itself (a 4xx other than 408/429): the client's
-    mistake, answered as the engine said, not retried and not an engine failure."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(status)
-        self.status, self.body, self.content_type = status, body, content_type
-
-    def response(self, headers: dict[str, str]) -> web.Response:
-        return web.Response(
-            body=self.body,
-            status=self.status,
-            headers={**headers, "Content-Type": self.content_type},
-        )
-
-
-RETRIABLE_CLIENT_ERRORS = frozenset({408, 429})
-
-
-def error_response(status: int, message: str, type_: str = "BadRequestError") -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
-    return web.json_response(body, status=status)
 
 
 def _prompt_prefix(body: dict[str, Any]) -> str:
@@ -180,7 +95,7 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
                 served = True
                 return params
             except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
-                _note_failure(endpoint, failure)
+                note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="prefill").inc()
                 log.warning(
                     "Prefill on %s failed for %s: %r",
@@ -208,24 +123,6 @@ def _offload_target(router: Router, call: Call) -> Endpoint | None:
     wait = router.backlog.least_wait(prefill, time.monotonic())
     decode = router.decode.available()
     return rule.target(_prompt_tokens(call), wait, decode, lambda e: (e.in_flight, e.url))
-
-
-async def _open_decode(
-    router: Router, endpoint: Endpoint, path: str, body: dict[str, Any], headers: dict[str, str]
-) -> aiohttp.ClientResponse:
-    assert router.session is not None
-    timeout = aiohttp.ClientTimeout(
-        sock_connect=router.config.decode_connect_timeout,
-        sock_read=router.config.decode_read_timeout,
-    )
-    response = await router.session.post(
-        endpoint.url + path, json=body, headers=headers, timeout=timeout
-    )
-    if response.status >= 500:
-        text = await response.text()
-        response.release()
-        raise UpstreamError(f"HTTP {response.status}: {text[:200]}")
-    return response
 
 
 def _warn_decode(endpoint: Endpoint, call: Call, failure: BaseException) -> None:
@@ -268,7 +165,7 @@ async def _decode(
             route = "fallback"
         with router.metrics.track(endpoint, "decode"), _local_prefill(endpoint, route) as done:
             try:
-                upstream = await _open_decode(
+                upstream = await open_decode(
                     router,
                     endpoint,
                     call.path,
@@ -276,7 +173,7 @@ async def _decode(
                     call.headers,
                 )
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
-                _note_failure(endpoint, failure)
+                note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="decode").inc()
                 _warn_decode(endpoint, call, failure)
                 continue
@@ -384,8 +281,6 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
         preferred = router.picker.pick(router.decode, call.prefix, None, call.prompt)
         return await _decode(request, router, call, None, "colocated", preferred)
     if router.config.backend == "sglang":
-        from disagg.router.sglang import handle_sglang
-
         return await handle_sglang(request, router, call)
     return await _serve_vllm(request, router, call)
 
@@ -398,4 +293,4 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return await handle(request, "chat", "/v1/chat/completions")
 
 
-__all__ = ["Router", "RouterConfig", "chat", "completions", "error_response"]
+__all__ = ["chat", "completions", "handle"]

@@ -22,16 +22,16 @@ import aiohttp
 from aiohttp import web
 
 from disagg.router import protocol
-from disagg.router.proxy import (
+from disagg.router.relay import UpstreamError, relay
+from disagg.router.state import (
     RETRIABLE_CLIENT_ERRORS,
     Call,
     EngineRejected,
     Router,
-    _note_failure,
-    _open_decode,
     error_response,
+    note_failure,
+    open_decode,
 )
-from disagg.router.relay import UpstreamError, relay
 
 log = logging.getLogger("disagg.router.sglang")
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -88,7 +88,7 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
             prefill_task = asyncio.create_task(
                 _drain_prefill(router, prefill.url + path, paired, headers)
             )
-            decode_task = asyncio.create_task(_open_decode(router, decode, path, paired, headers))
+            decode_task = asyncio.create_task(open_decode(router, decode, path, paired, headers))
             try:
                 upstream = await _decode_unless_prefill_fails(prefill_task, decode_task)
             except EngineRejected as rejected:
@@ -100,7 +100,7 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
                     with contextlib.suppress(BaseException):
                         await task
                 role = "prefill" if prefill_task.done() and _failed(prefill_task) else "decode"
-                _note_failure(prefill if role == "prefill" else decode, failure)
+                note_failure(prefill if role == "prefill" else decode, failure)
                 router.metrics.upstream_failures.labels(role=role).inc()
                 log.warning(
                     "SGLang pair %s -> %s failed for %s: %r",
