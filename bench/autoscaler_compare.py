@@ -32,7 +32,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable
@@ -43,11 +42,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import traces
 import tuned_baselines
+from rows import finite, result_row
 
 from disagg.autoscale.budget import TARGET
 from disagg.sim import baselines as baseline_search
 from disagg.sim.fleet import simulate
-from disagg.sim.results import Result, flaps, latencies, percentile
 from disagg.sim.scenario import Scenario, build, requests_for
 from disagg.sim.simulate import check
 from disagg.sim.traffic import Request, load_trace
@@ -103,34 +102,11 @@ SIM_SOURCES = (
 )
 
 
-def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:
-    both = result.attainment(scenario.ttft, scenario.tpot)[2]
-    ttft = percentile(latencies(result.outcomes, "ttft"), 0.99)
-    tpot = percentile(latencies(result.outcomes, "tpot"), 0.99)
-    return {
-        "policy": name,
-        "attainment": both,
-        "gpuHours": result.gpu_seconds / 3600,
-        "gpuHoursByPool": {pool: gpus / 3600 for pool, gpus in result.pool_gpu_seconds.items()},
-        "ttftP99": _finite(ttft),
-        "tpotP99": _finite(tpot),
-        "actions": result.scaling_actions,
-        "flaps": flaps(result.scaling_log),
-        "refused": sum(1 for o in result.outcomes if o.rejected),
-    }
-
-
-def _finite(value: float | None) -> float | None:
-    """A p99 with over 1% of requests never served is infinite: no number to print (as
-    ``disagg simulate`` prints it), and not one JSON can carry."""
-    return None if value is None or not math.isfinite(value) else value
-
-
 def finite_json(value: Any) -> Any:
     """``value`` with every infinite or NaN number as null (rows cached by an older bench
     carry infinite p99s), so ``--json`` prints what strict JSON parsers read."""
     if isinstance(value, float):
-        return _finite(value)
+        return finite(value)
     if isinstance(value, dict):
         return {key: finite_json(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
@@ -295,7 +271,7 @@ def print_entry(entry: dict[str, Any]) -> None:
         f"{'xORACLE':>8} {'xSTATIC':>8} {'GOOD/GPU-H':>10} {'ACTIONS':>8} {'FLAPS':>6}"
     )
     for r in entry["rows"]:
-        ttft, tpot = _finite(r["ttftP99"]), _finite(r["tpotP99"])
+        ttft, tpot = finite(r["ttftP99"]), finite(r["tpotP99"])
         ttft_text = "-" if ttft is None else f"{ttft:.2f}s"
         tpot_text = "-" if tpot is None else f"{tpot * 1000:.1f}ms"
         print(
@@ -304,7 +280,7 @@ def print_entry(entry: dict[str, Any]) -> None:
             f"{r['gpuHours']:7.2f} {r['xOracle']:7.2f}x {r['xStatic']:7.2f}x "
             f"{r['goodputPerGpuHour']:10.0f} {r['actions']:8d} {r['flaps']:6d}"
         )
-    if any(_finite(r[p99]) is None for r in entry["rows"] for p99 in ("ttftP99", "tpotP99")):
+    if any(finite(r[p99]) is None for r in entry["rows"] for p99 in ("ttftP99", "tpotP99")):
         print("  -: over 1% of requests never got a first token or finished (refused or unserved)")
     shown = [r for r in entry["rows"] if r["policy"].startswith(("ours", "oracle", "best static"))]
     print("  GPU-hours by pool: " + "; ".join(_by_pool(r) for r in shown))

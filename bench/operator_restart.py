@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from autoscaler_compare import result_row, usage_error
+from autoscaler_compare import usage_error
 from policy_seeds import SEEDS, moved, scenarios
+from rows import result_row
 
 from disagg.autoscale.memory import PoolMemory
 from disagg.autoscale.recall import recalled, remembered

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from rows import result_row
+
 from disagg.sim.fleet import PoolName, PoolStats, ScalingPolicy, simulate
 from disagg.sim.fleet_policies import ThresholdPolicy
 from disagg.sim.scenario import Scenario, build
@@ -53,8 +55,6 @@ def run_setting(
     scenario: Scenario, requests: list[Request], policy: str, knob: float
 ) -> dict[str, Any]:
     """One run of ``policy`` with its knob at ``knob``, from 1P+1D."""
-    from autoscaler_compare import result_row  # the bench's own row, imported lazily
-
     config = build(dataclasses.replace(scenario, policy=policy))
     if policy == "threshold":
         assert isinstance(config.policy, ThresholdPolicy)

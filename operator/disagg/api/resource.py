@@ -243,11 +243,3 @@ METADATA_NAME_CEL: Final = (
     f"self.metadata.name.size() <= {NAME_MAX_LENGTH} && "
     f"self.metadata.name.matches('{NAME_PATTERN}')"
 )
-
-
-def spec_from_dict(spec: dict[str, Any]) -> DisaggregatedModelSpec:
-    """Validate only a ``spec`` mapping (errors are prefixed with ``spec``)."""
-    try:
-        return DisaggregatedModelSpec.model_validate(spec)
-    except ValidationError as error:
-        raise ManifestError(format_validation_error(error, prefix="spec")) from error
