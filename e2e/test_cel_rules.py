@@ -46,6 +46,8 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         "autoscaling.interval must be at least 1s",
         {"autoscaling": {"interval": "5m", "window": "1m"}},
     ),
+    ("autoscaling.sloWindow must be from 1h to 2160h", {"autoscaling": {"sloWindow": "30m"}}),
+    ("autoscaling.sloWindow must be from 1h", {"autoscaling": {"sloWindow": "2161h"}}),
     (
         "with the nixl connector, the larger of prefill.tensorParallelSize",
         {"prefill": {"tensorParallelSize": 2}, "decode": {"tensorParallelSize": 3}},

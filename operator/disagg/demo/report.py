@@ -5,13 +5,13 @@ contrast itself: each model's TPOT p99 in the long-prompt wave against its stead
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from disagg.demo.load import LoadReport
 from disagg.demo.story import Phase
+from disagg.sim.results import percentile
 
 
 @dataclass
@@ -45,13 +45,6 @@ class PhaseResult:
     colocated_engine_itl_p99: float | None = None
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
-
-
 def _latencies(
     load: LoadReport | None, engine_itl: float | None, ttft_slo: float, tpot_slo: float
 ) -> dict[str, Any]:
@@ -60,9 +53,9 @@ def _latencies(
         "itl_p99_seconds": engine_itl,
         "requests": load.sent if load else 0,
         "failed_requests": load.failed if load else 0,
-        "ttft_p99_seconds": _percentile(load.ttfts, 0.99) if load else None,
-        "tpot_p99_seconds": _percentile(load.tpots, 0.99) if load else None,
-        "client_itl_p99_seconds": _percentile(load.gaps, 0.99) if load else None,
+        "ttft_p99_seconds": percentile(load.ttfts, 0.99) if load else None,
+        "tpot_p99_seconds": percentile(load.tpots, 0.99) if load else None,
+        "client_itl_p99_seconds": percentile(load.gaps, 0.99) if load else None,
         "ttft_attainment": ttft_ok,
         "tpot_attainment": tpot_ok,
     }
