@@ -60,7 +60,9 @@ def missed_share(buckets: Sequence[tuple[float, float]], slo: float) -> tuple[fl
     lower = 0.0
     for bound, count in buckets:
         if abs(bound - slo) <= BOUND_MATCH * slo:
-            return 1.0 - count / total, 1.0 - count / total
+            # Rates summed across pods carry float rounding: never a negative share.
+            over = max(0.0, 1.0 - count / total)
+            return over, over
         if slo < bound:
             return max(0.0, 1.0 - count / total), max(0.0, 1.0 - lower / total)
         lower = count
