@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,44 @@ async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> No
 
     metrics.forget_slo(NS, NAME)  # the model is gone, or no longer autoscaled
     assert f'model="{NAME}"' not in generate_latest(metrics.registry).decode()
+
+
+async def test_a_models_slo_series_go_when_it_does_and_stay_through_a_refused_apply() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from disagg.reconcile.evaluate import SloReport
+    from disagg.reconcile.handlers import _work
+    from disagg.reconcile.metrics import OperatorMetrics
+    from disagg.reconcile.model import Outcome
+
+    metrics = OperatorMetrics()
+    outcomes: list[Outcome] = []
+
+    async def synced() -> None:
+        return None
+
+    async def reconcile(namespace: str, name: str) -> Outcome:
+        return outcomes.pop(0)
+
+    runtime: Any = SimpleNamespace(
+        cache=SimpleNamespace(synced=synced), metrics=metrics, queue=None, leading=True,
+        reconciler=SimpleNamespace(reconcile=reconcile),
+    )  # fmt: skip
+    report = SloReport(672 * 3600.0, {"ttft": (10.0, 1.0, 1.0)}, {"ttft": 0.0}, holding=False)
+
+    def exported() -> bool:
+        return f'model="{NAME}"' in generate_latest(metrics.registry).decode()
+
+    for outcome, kept in [
+        (Outcome(budgeted=True, slo=report), True),
+        (Outcome(budgeted=True), True),  # no evaluation due this pass
+        (Outcome(), True),  # an apply the API server refused: the model is still there
+        (Outcome(budgeted=False), False),  # autoscaling turned off
+        (Outcome(budgeted=True, slo=report), True),
+        (Outcome(gone=True), False),  # deleted
+    ]:
+        outcomes.append(outcome)
+        await _work(runtime, (NS, NAME))
+        assert exported() == kept, outcome

@@ -96,7 +96,7 @@ async def _work(runtime: Runtime, key: Key) -> None:
     runtime.metrics.reconciles.labels(result=result).inc()
     if outcome.slo is not None:
         runtime.metrics.observe_slo(namespace, name, outcome.slo)
-    elif outcome.gone or outcome.invalid or not outcome.budgeted:
+    elif outcome.gone or outcome.invalid or outcome.budgeted is False:
         runtime.metrics.forget_slo(namespace, name)
     if outcome.applied or outcome.pruned:
         log.info(

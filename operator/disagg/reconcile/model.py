@@ -87,8 +87,9 @@ class Outcome:
     """Seconds until the next autoscaler evaluation is due, or the status write's wait ends."""
     status_waiting: bool = False
     """The status write waits for the Deployment controller (see OBSERVE_WAIT_SECONDS)."""
-    budgeted: bool = False
-    """The built-in autoscaler counts this model's SLOs (its metrics are exported)."""
+    budgeted: bool | None = None
+    """Whether the built-in autoscaler counts this model's SLOs (its metrics are exported);
+    None when the pass ended before it could say (a refused apply keeps them)."""
     slo: SloReport | None = None
     """This pass's evaluation, as the operator's metrics export it (None: none was due)."""
 
