@@ -84,6 +84,15 @@ def counted(
     return requests, requests * shares[0], requests * shares[1]
 
 
+def percent(high: float, digits: int, low: float | None = None) -> str:
+    """``42%``, or ``-10..42%`` when the value lies between ``low`` and ``high`` (what status
+    and ``disagg simulate`` show of an attainment or a budget the histogram leaves open)."""
+    shown = f"{high * 100:.{digits}f}"
+    if low is not None and f"{low * 100:.{digits}f}" != shown:
+        shown = f"{low * 100:.{digits}f}..{shown}"
+    return f"{shown}%"
+
+
 def coarse_slot(window: float) -> float:
     """The width of the slots before the last hour: whole minutes, COARSE_SLOTS of them."""
     return max(FINE_SLOT, math.ceil(window / COARSE_SLOTS / FINE_SLOT) * FINE_SLOT)

@@ -76,9 +76,9 @@ def clean_buckets(buckets: tuple[tuple[float, float], ...]) -> tuple[tuple[float
 def accepted(signals: Signals) -> tuple[Signals, str | None]:
     """The signals with their histograms cleaned, and what makes them unusable (or None)."""
     problem = invalid(signals)
-    prefill, ttft, slo = (clean_buckets(getattr(signals, name)) for name in _HISTOGRAMS)
-    if (prefill, ttft, slo) != (signals.prefill_buckets, signals.ttft_buckets,
-                                signals.slo_buckets):  # fmt: skip
+    read = (signals.prefill_buckets, signals.ttft_buckets, signals.slo_buckets)
+    prefill, ttft, slo = cleaned = tuple(clean_buckets(buckets) for buckets in read)
+    if cleaned != read:
         signals = replace(signals, prefill_buckets=prefill, ttft_buckets=ttft, slo_buckets=slo)
     return signals, problem
 

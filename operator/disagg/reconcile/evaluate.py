@@ -25,7 +25,7 @@ from disagg.api.base import ApiModel, format_duration, parse_duration
 from disagg.api.resource import DisaggregatedModel
 from disagg.api.spec import Mode, Role
 from disagg.api.status import AutoscalerMemory, ObservedMetrics, SloBudget, SloBudgetStatus
-from disagg.autoscale.budget import Budget, standing
+from disagg.autoscale.budget import Budget, percent, standing
 from disagg.autoscale.combine import apply_budget, colocated
 from disagg.autoscale.policy import (
     INVALID_MARK,
@@ -302,14 +302,6 @@ def _metrics(signals: Mapping[PoolName, Signals], at: float) -> ObservedMetrics:
     )
 
 
-def _percent(high: float, digits: int, low: float | None = None) -> str:
-    """``42%``, or ``-10..42%`` when the value lies between ``low`` and ``high``."""
-    shown = f"{high * 100:.{digits}f}"
-    if low is not None and f"{low * 100:.{digits}f}" != shown:
-        shown = f"{low * 100:.{digits}f}..{shown}"
-    return f"{shown}%"
-
-
 def _slo_budget(budget: Budget) -> SloBudget:
     attainment, at_least = budget.attainment, budget.attainment_at_least
     return SloBudget(
@@ -317,8 +309,8 @@ def _slo_budget(budget: Budget) -> SloBudget:
         missed=round(budget.missed),
         missed_at_most=round(budget.missed_at_most),
         # Two decimals: 99.00% and 98.95% are a met and a missed p99.
-        attainment=None if attainment is None else _percent(attainment, 2, at_least),
-        remaining=_percent(budget.remaining, 0, budget.remaining_at_least),
+        attainment=None if attainment is None else percent(attainment, 2, at_least),
+        remaining=percent(budget.remaining, 0, budget.remaining_at_least),
         remaining_fraction=round(budget.remaining, 4),
         remaining_fraction_at_least=round(budget.remaining_at_least, 4),
         burn_rate_5m=None if budget.burn_short is None else round(budget.burn_short, 2),
@@ -338,7 +330,7 @@ def budget_status(budgets: Mapping[PoolName, Budget], window: str) -> SloBudgetS
     lowest = min(budgets, key=lambda phase: budgets[phase].remaining_at_least)
     return SloBudgetStatus(
         window=window,
-        summary=f"{_percent(budgets[lowest].remaining, 0, budgets[lowest].remaining_at_least)} "
+        summary=f"{percent(budgets[lowest].remaining, 0, budgets[lowest].remaining_at_least)} "
         f"({SLO_NAMES[lowest]})",
         ttft=_slo_budget(budgets["prefill"]) if "prefill" in budgets else None,
         tpot=_slo_budget(budgets["decode"]) if "decode" in budgets else None,
@@ -379,7 +371,7 @@ def fast_burn_events(evaluation: Evaluation, previous_budget: object) -> list[Ob
             f"{name} p99 SLO: error budget burning {budget.burn_long or 0:.1f}x over the last "
             f"hour and {budget.burn_short or 0:.1f}x over 5 minutes (at {budget.fast_burn_at:g}x "
             f"2% of the {evaluation.slo_window} window's budget goes in an hour); "
-            f"{_percent(budget.remaining, 0)} of it remains"
+            f"{percent(budget.remaining, 0)} of it remains"
         )
         events.append({"type": "Warning", "reason": "SLOBudgetFastBurn", "message": message})
     return events

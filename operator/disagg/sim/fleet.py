@@ -308,11 +308,10 @@ class Fleet:
     def _stats(self, pool: PoolName) -> PoolStats:
         since = self.now - self.config.window
         served = self._served[pool]
-        observed = {
-            slo: seen[bisect.bisect_left(seen, (since, -math.inf)) :]
-            for slo in ("ttft", "tpot")
-            if (seen := self._observed[pool, slo]) is not None
-        }
+        observed = {}
+        for slo in ("ttft", "tpot"):
+            seen = self._observed[pool, slo]
+            observed[slo] = seen[bisect.bisect_left(seen, (since, -math.inf)) :]
         stats = pool_stats(
             pool,
             self.config,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from disagg.autoscale.budget import standing
+from disagg.autoscale.budget import percent, standing
 from disagg.extras import require_tools
 from disagg.perf import GPUS, MODELS, NETWORKS
 from disagg.perf.fitted import LATENCY_MODELS
@@ -249,19 +249,15 @@ def counted_budgets(policy: SloPolicy, end: float) -> dict[str, dict[str, float 
     return counted
 
 
-def _span(low: float | None, high: float | None, spec: str) -> str:
-    shown = f"{high:{spec}}"
-    return shown if low is None or f"{low:{spec}}" == shown else f"{low:{spec}}..{shown}"
-
-
 def _budget_row(counted: dict[str, dict[str, float | None]]) -> str:
     def one(slo: str) -> str:
         b = counted[slo]
-        if b["attainment"] is None:
+        attainment, remaining = b["attainment"], b["remaining"]
+        if attainment is None or remaining is None:
             return f"{slo.upper()} none counted"
         return (
-            f"{slo.upper()} {_span(b['attainmentAtLeast'], b['attainment'], '.2%')} of "
-            f"{b['requests']:.0f}, {_span(b['remainingAtLeast'], b['remaining'], '.0%')} left"
+            f"{slo.upper()} {percent(attainment, 2, b['attainmentAtLeast'])} of "
+            f"{b['requests']:.0f}, {percent(remaining, 0, b['remainingAtLeast'])} left"
         )
 
     return f"{one('ttft')}; {one('tpot')}"
