@@ -2,11 +2,13 @@
 
 From the examples, a seeded generator sets one to three fields (present ones, and optional
 ones the examples leave out) to values drawn from pools of plausible and tricky ones: nulls,
-wrong types, bounds, odd quantities and durations, invalid names and label syntax. Each model
-goes to the parser (``parse_model``, what ``disagg validate`` and the operator run) and to the
-API server (a server-side apply with ``dryRun=All`` and strict field validation, as ``kubectl
-apply --server-side`` sends it); the Deployments, Services and PodDisruptionBudgets of every
-model both accept go to the API server the same way. ``e2e/test_fuzz.py`` asserts on the
+wrong types, whole numbers written as fractions, bounds, odd quantities and durations, invalid
+names and label syntax, resource and Secret names, the model's own labels, annotations and
+finalizers, and fields under ``status``. Each model goes to the parser (``parse_manifest``, what
+``disagg validate`` runs) and to the API server as ``kubectl apply`` sends a
+new object (a create with ``dryRun=All`` and strict field validation, kubectl's default); the
+Deployments, Services and PodDisruptionBudgets of every model both accept go to the API server
+as the operator writes them (a server-side apply, also a dry run with strict validation). ``e2e/test_fuzz.py`` asserts on the
 report; ``bench/fuzz_models.py`` prints it for any seed and size.
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from disagg.api.resource import ManifestError, parse_model
+from disagg.api.resource import ManifestError, parse_manifest, parse_model
 from disagg.demo.procs import Kube
 from disagg.kube.client import KubeClient, KubeError, load_credentials
 from disagg.render import RenderContext, render_all
@@ -40,6 +42,13 @@ VALUES: list[Any] = [
     {"name": "A", "value": "1"}, {"name": "A", "valueFrom": {}},
     {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}},
     {"requests": {"example.com/dev": "1"}, "limits": {"example.com/dev": "1"}},
+    2.0, 4.0, 1e3, 2.5, "Bad_Name", "a..b", "a.b", "x" * 253, {"a": None}, {"Bad Key": "v"},
+    {"example.com/" + "d" * 63: "1"}, {"example.com/" + "d" * 64: "1"}, {"example.com/-d": "1"},
+    {"EXAMPLE.com/d": "1"}, {"kubernetes.io/d": "1"}, {"example.com/d_1": "1"},
+    [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}],
+    [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s." * 100 + "s", "key": "k"}}}],
+    [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "-c", "key": "k"}}}],
+    [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "ok", "key": "bad key"}}}],
 ]  # fmt: skip
 PLAUSIBLE: list[Any] = [
     1, 2, 4, 8, 16, 100, True, False, "2s", "500ms", "40ms", "3m", "16Gi", "8", "inference",
@@ -70,7 +79,14 @@ OPTIONAL_PATHS = [
     "spec.autoscaling.maxTotalGpus", "spec.autoscaling.scaleUp.maxStep",
     "spec.autoscaling.scaleDown.stabilizationWindow", "spec.autoscaling.scaleUp.cooldown",
     "spec.decode.autoscaling.minReplicas", "spec.decode.autoscaling.maxReplicas",
-    "spec.prefill", "spec.autoscaling",
+    "spec.prefill", "spec.autoscaling", "spec.decode.resources.requests",
+    "spec.decode.resources.limits", "spec.prefill.env.0.valueFrom",
+    "spec.prefill.env.0.valueFrom.secretKeyRef.name", "spec.model.servedName",
+    "spec.decode.tolerations.0.operator",
+    "metadata.labels", "metadata.labels.team", "metadata.annotations",
+    "metadata.annotations.note", "metadata.finalizers", "metadata.bogus", "status",
+    "status.replicas", "status.bogus", "status.conditions", "status.conditions.0.bogus",
+    "status.conditions.0.type",
 ]  # fmt: skip
 
 
@@ -121,7 +137,9 @@ def generate(seed: int, count: int) -> list[tuple[dict[str, Any], list[str]]]:
     return models
 
 
-async def _dry_run_all(kubeconfig: Path, objects: list[dict[str, Any]]) -> dict[str, str]:
+async def _dry_run_all(
+    kubeconfig: Path, objects: list[dict[str, Any]], create: bool
+) -> dict[str, str]:
     creds = load_credentials(str(kubeconfig))
     client = KubeClient(creds)
     refused: dict[str, str] = {}
@@ -130,7 +148,10 @@ async def _dry_run_all(kubeconfig: Path, objects: list[dict[str, Any]]) -> dict[
     async def one(obj: dict[str, Any]) -> None:
         async with slots:
             try:
-                await client.apply(obj, manager="fuzz", dry_run=True)
+                if create:
+                    await client.create(obj, dry_run=True)
+                else:
+                    await client.apply(obj, manager="fuzz", dry_run=True)
             except KubeError as error:
                 refused[obj["metadata"]["name"]] = f"{error.status} {error.message}"[:300]
 
@@ -141,11 +162,14 @@ async def _dry_run_all(kubeconfig: Path, objects: list[dict[str, Any]]) -> dict[
     return refused
 
 
-def server_refusals(kube: Kube, namespace: str, objects: list[dict[str, Any]]) -> dict[str, str]:
-    """name -> the API server's refusal, for every object it would not store (a server-side
-    apply with dryRun=All and strict field validation, as `kubectl apply --server-side` sends)."""
+def server_refusals(
+    kube: Kube, namespace: str, objects: list[dict[str, Any]], create: bool = False
+) -> dict[str, str]:
+    """name -> the API server's refusal, for every object it would not store: a dry run with
+    strict field validation, as a create (``kubectl apply`` of a new object) or as a
+    server-side apply (``kubectl apply --server-side``, and the operator's own writes)."""
     placed = [{**o, "metadata": {**o["metadata"], "namespace": namespace}} for o in objects]
-    return asyncio.run(_dry_run_all(kube.layout.kubeconfig, placed))
+    return asyncio.run(_dry_run_all(kube.layout.kubeconfig, placed, create))
 
 
 @dataclass
@@ -158,6 +182,7 @@ class Report:
     refused: int = 0
     disagreements: list[tuple[str, list[str], str | None, str | None]] = field(default_factory=list)
     """(name, changes, our refusal or None, the server's refusal or None)."""
+    accepted_names: set[str] = field(default_factory=set)
     children: int = 0
     refused_children: dict[str, str] = field(default_factory=dict)
     crashes: list[str] = field(default_factory=list)
@@ -165,17 +190,83 @@ class Report:
     seconds: float = 0.0
 
 
+CLASSES: dict[str, list[tuple[str, Any]]] = {
+    "null": [
+        ("spec.model.servedName", None), ("spec.decode.tolerations", [{"key": "gpu",
+        "operator": None}]), ("spec.decode.resources", {"requests": None}),
+        ("spec.prefill.nodeSelector", {"pool": None}), ("metadata.labels", {"team": None}),
+        ("spec.engine.env", [None]), ("spec.decode.tolerations", [None]), ("spec.model", None),
+    ],
+    "whole number written as a fraction": [
+        ("spec.decode.replicas", 2.0), ("spec.router.replicas", 2.0),
+        ("spec.decode.autoscaling", {"minReplicas": 1, "maxReplicas": 4.0}),
+        ("spec.prefill.maxNumBatchedTokens", 8192.0), ("spec.decode.replicas", 2.5),
+    ],
+    "extended resource name": [
+        ("spec.decode.resources", {"requests": {f"example.com/{'d' * n}": "1"},
+                                   "limits": {f"example.com/{'d' * n}": "1"}})
+        for n in (63, 64)
+    ] + [
+        ("spec.decode.resources", {"requests": {name: "1"}, "limits": {name: "1"}})
+        for name in ("example.com/-d", "example.com/d_", "EXAMPLE.com/d", "example.com/a/b",
+                     "x" * 250 + ".com/d", "kubernetes.io/d", "requests.example.com/d")
+    ],
+    "Secret and ConfigMap names": [
+        ("spec.engine.env", [{"name": "A", "valueFrom": {ref: {"name": name, "key": "k"}}}])
+        for ref in ("secretKeyRef", "configMapKeyRef")
+        for name in ("Bad_Name", "a..b", "-a", "s." * 126 + "s", "s" * 254, "hf-token")
+    ],
+    "metadata": [
+        ("metadata.labels", {"bad key!": "x"}), ("metadata.labels", {"team": "a b"}),
+        ("metadata.labels", {"app.kubernetes.io/name": "x" * 63}),
+        ("metadata.labels", {"team": "x" * 64}), ("metadata.annotations", {"A b": "x"}),
+        ("metadata.annotations", {"Example.com/Owner": "free text"}),
+        ("metadata.finalizers", ["Bad Name"]), ("metadata.finalizers", ["foo"]),
+        ("metadata.bogus", 1),
+    ],
+    "status": [
+        ("status", {"bogus": 1}), ("status", {"conditions": [{"type": "Ready", "bogus": 1}]}),
+        ("status", {"conditions": "not a list", "prefill": 3}), ("status", [{"key": "x"}]),
+        ("status", "text"),
+    ],
+}  # fmt: skip
+"""Each kind of value on which the parser and the API server once judged apart, or whose
+children the API server once refused, with cases on both sides of the rule."""
+
+
+def class_models() -> list[tuple[dict[str, Any], list[str]]]:
+    """The minimal example with each case of CLASSES set, one model per case."""
+    base = yaml.safe_load((ROOT / "manifests/examples/minimal.yaml").read_text())
+    models: list[tuple[dict[str, Any], list[str]]] = []
+    for kind, cases in CLASSES.items():
+        for index, (path, value) in enumerate(cases):
+            manifest = copy.deepcopy(base)
+            manifest["metadata"] = {"name": f"cl{len(models):03d}"}
+            _set(manifest, path, value)
+            models.append((manifest, [f"{kind} #{index}: {path}={value!r}"[:120]]))
+    return models
+
+
 def run(kube: Kube, namespace: str, seed: int, count: int) -> Report:
     """Generate ``count`` models from ``seed`` and judge them in ``namespace`` (dry runs)."""
+    return judge(kube, namespace, generate(seed, count), seed)
+
+
+def judge(
+    kube: Kube, namespace: str, models: list[tuple[dict[str, Any], list[str]]], seed: int = 0
+) -> Report:
+    """Judge ``models`` (each with what was changed) by the parser and, in ``namespace``,
+    by the API server (dry runs), and the children of those both accept."""
     started = time.monotonic()
-    report = Report(seed, count)
-    models = generate(seed, count)
+    report = Report(seed, len(models))
     ours: dict[str, str | None] = {}
     for manifest, changes in models:
         name = manifest["metadata"]["name"]
         began = time.monotonic()
         try:
-            parse_model({**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}})
+            parse_manifest(
+                {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+            )
             ours[name] = None
         except ManifestError as error:
             ours[name] = "; ".join(error.problems)[:200]
@@ -183,7 +274,7 @@ def run(kube: Kube, namespace: str, seed: int, count: int) -> Report:
             report.crashes.append(f"{name} {changes}: {error!r}"[:300])
             ours[name] = "crash"
         report.slowest_parse = max(report.slowest_parse, (time.monotonic() - began, name))
-    server = server_refusals(kube, namespace, [m for m, _ in models])
+    server = server_refusals(kube, namespace, [m for m, _ in models], create=True)
     changes_of = {m["metadata"]["name"]: c for m, c in models}
     report.disagreements = [
         (name, changes_of[name], ours[name], server.get(name))
@@ -196,6 +287,7 @@ def run(kube: Kube, namespace: str, seed: int, count: int) -> Report:
         if ours[m["metadata"]["name"]] is None and m["metadata"]["name"] not in server
     ]
     report.accepted = len(accepted)
+    report.accepted_names = {m["metadata"]["name"] for m in accepted}
     report.refused = sum(1 for n in ours if ours[n] and n in server)
     children = []
     for manifest in accepted:

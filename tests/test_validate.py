@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import EXAMPLES, example_paths, load_example
+from disagg.api.resource import parse_model
 from disagg.cli import main
 
 
@@ -229,8 +230,13 @@ BAD_INPUTS = [
         [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
         "spec.engine.env[0].valueFrom.fieldRef.fieldPath: must be one of metadata.name",
     ),
-    ("missing-model", "spec.model", None, "spec.model: null is not allowed; leave the field out"),
-    ("null-image", "spec.engine.image", None, "spec.engine.image: null is not allowed"),
+    ("missing-model", "spec.model", None, "spec.model: required field is missing"),
+    (
+        "null-env-entry",
+        "spec.engine.env",
+        [None],
+        "spec.engine.env[0]: expected a mapping, got null",
+    ),
     ("bad-name", "metadata.name", "9-Llama", "metadata.name: must be a DNS-1035 label"),
     ("wrong-kind", "kind", "Deployment", "kind: expected 'DisaggregatedModel', got 'Deployment'"),
     (
@@ -362,16 +368,21 @@ def test_what_the_crd_refuses_disagg_validate_refuses(
 def test_a_status_is_not_the_manifests_to_get_wrong(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """What ``kubectl get -o yaml`` returns, status and all, perhaps from another operator
-    version: the API server drops a status from a create (the CRD has a status subresource)
-    and keeps it out of an update, so it does not refuse one, and neither does this."""
+    """What ``kubectl get -o yaml`` returns, status and all: the API server drops a status
+    from a create (the CRD has a status subresource) and keeps it out of an update, so it
+    does not judge its values, and neither does this; strict decoding looks first, so only a
+    field the status schema lacks is refused (see the test below). The operator, reading
+    stored objects, never judges a status: one another operator version wrote must not stop
+    a model."""
     model = load_example("minimal")
-    model["status"] = {"rolloutHistory": [{"revision": 2}], "conditions": "not a list"}
+    model["status"] = {"prefill": "not a mapping", "conditions": "not a list"}
     code, output = _run(tmp_path, model, capsys)
     assert code == 0 and ": valid" in output, output
     model["spec"]["bogus"] = 1  # the spec still is
     code, output = _run(tmp_path, model, capsys)
     assert code == 1 and "spec.bogus: unknown field" in output, output
+    stored = load_example("minimal") | {"status": {"fieldOfANewerOperator": {"x": 1}}}
+    assert parse_model(stored).metadata.name == stored["metadata"]["name"]
 
 
 def test_alias_bombs_and_deep_nesting_are_refused_quickly(
@@ -514,15 +525,91 @@ def test_resources_selectors_and_env_the_api_server_takes_are_taken(
     assert code == 0, output
 
 
-def test_a_null_where_the_crd_has_a_default_reads_as_absent_like_the_api_server_reads_it(
+def test_nulls_read_as_absent_as_a_create_reads_them_and_the_reader_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubectl apply of a new object and kubectl create send a create, where the API server
+    prunes a null in a field that is not nullable (and defaults it where the CRD has a
+    default); kubectl apply --server-side refuses the same null, so validate says so."""
+    model = load_example("minimal")
+    model["spec"]["prefill"] = None
+    model["spec"]["decode"] = {"replicas": None, "tensorParallelSize": 2, "nodeSelector": None}
+    model["spec"]["model"]["servedName"] = None
+    model["spec"]["autoscaling"] = None
+    model["metadata"]["labels"] = {"team": None}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0 and ": valid" in output, output
+    assert "note: " in output and "spec.model.servedName: null, left out" in output, output
+    assert "kubectl apply --server-side refuses it" in output
+
+
+def test_a_whole_number_written_as_a_fraction_is_taken_where_no_rule_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The OpenAPI check takes 2.0 for an integer; a CEL rule that reads the field does not
+    ("expected int, got float64"), so the API server refuses it there, and so does this."""
+    model = load_example("minimal")
+    model["spec"]["decode"] = {"replicas": 2.0}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 0, output
+    model["spec"]["decode"] = {"autoscaling": {"minReplicas": 1, "maxReplicas": 4.0}}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and "spec.decode.autoscaling.maxReplicas" in output, output
+    model["spec"]["decode"] = {"replicas": 2.5}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and "spec.decode.replicas" in output, output
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        (
+            {"labels": {"bad key!": "x"}},
+            "metadata.labels: label key 'bad key!' must be a qualified",
+        ),
+        ({"labels": {"team": "a b"}}, "metadata.labels: label 'team': value 'a b' must be at most"),
+        ({"labels": {"team": "x" * 64}}, "metadata.labels: label 'team': value"),
+        ({"annotations": {"a b": "x"}}, "metadata.annotations: annotation key 'a b' must be a"),
+        ({"annotations": {"note": "x" * 300_000}}, "metadata.annotations: annotations total"),
+        ({"finalizers": ["Bad Name"]}, "metadata.finalizers: finalizer 'Bad Name' must be"),
+        ({"bogus": 1}, "metadata: unknown field(s) bogus"),
+    ],
+)
+def test_metadata_is_judged_as_the_api_server_judges_an_objects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], metadata: dict[str, Any], expected: str
+) -> None:
+    model = load_example("minimal")
+    model["metadata"].update(metadata)
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and expected in output, output
+
+
+def test_metadata_the_api_server_takes_is_taken(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = load_example("minimal")
-    model["spec"]["prefill"] = None  # pruned and defaulted by the API server
-    model["spec"]["decode"] = {"replicas": None, "tensorParallelSize": 2}
-    model["spec"]["autoscaling"] = None
+    model["metadata"].update(
+        labels={"app.kubernetes.io/part-of": "llm", "empty": ""},
+        annotations={"Example.com/Owner": "a b c", "note": "x" * 1000},
+        finalizers=["example.com/keep", "foo"],
+    )
     code, output = _run(tmp_path, model, capsys)
     assert code == 0, output
+
+
+def test_a_status_field_its_schema_lacks_is_refused_as_strict_validation_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_example("minimal")
+    for status, path in (
+        ({"bogus": 1}, "status.bogus"),
+        ({"conditions": [{"type": "Ready", "bogus": 1}]}, "status.conditions[0].bogus"),
+        ({"conditions": {"pool": "a"}}, "status.conditions.pool"),
+        ([{"key": "gpu"}], "status[0].key"),
+    ):
+        model["status"] = status
+        code, output = _run(tmp_path, model, capsys)
+        assert code == 1 and f"{path}: unknown field (status is the operator's" in output, output
 
 
 def test_a_namespace_the_api_server_would_refuse_is_refused(

@@ -35,7 +35,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    models = load_models(args.file)
+    notes: list[str] = []
+    models = load_models(args.file, notes)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     for model in models:
         print(f"{args.file}: {model.metadata.namespace}/{model.metadata.name}: valid")
     return 0

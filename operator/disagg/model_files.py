@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
+from disagg.api.resource import DisaggregatedModel, ManifestError, parse_manifest
 from disagg.yamlio import YamlLimitError, load_all
 
 
@@ -27,8 +27,9 @@ def _read_text(path: str) -> str:
         raise CliError(f"{path}: cannot read: {error}") from error
 
 
-def load_models(path: str) -> list[DisaggregatedModel]:
-    """Every DisaggregatedModel in a YAML file, or a CliError naming each problem."""
+def load_models(path: str, notes: list[str] | None = None) -> list[DisaggregatedModel]:
+    """Every DisaggregatedModel in a YAML file, or a CliError naming each problem; where
+    ``kubectl apply --server-side`` would judge a model otherwise, a line goes to ``notes``."""
     text = _read_text(path)
     try:
         documents = load_all(text)
@@ -41,10 +42,13 @@ def load_models(path: str) -> list[DisaggregatedModel]:
     models, problems = [], []
     for index, document in enumerate(documents):
         label = f"{path}" if len(documents) == 1 else f"{path} (document {index + 1})"
+        said: list[str] = []
         try:
-            models.append(parse_model(document))
+            models.append(parse_manifest(document, said))
         except ManifestError as error:
             problems += [f"{label}: {line}" for line in error.problems]
+        if notes is not None:
+            notes += [f"{label}: {line}" for line in said]
     if problems:
         raise CliError("\n".join(problems))
     return models

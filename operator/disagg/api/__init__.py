@@ -1,5 +1,6 @@
 """The DisaggregatedModel API (disagg.dev/v1alpha1): pydantic models, rules, CRD generation."""
 
+from disagg.api.metadata import Metadata
 from disagg.api.resource import (
     API_VERSION,
     GROUP,
@@ -8,7 +9,7 @@ from disagg.api.resource import (
     VERSION,
     DisaggregatedModel,
     ManifestError,
-    Metadata,
+    parse_manifest,
     parse_model,
 )
 from disagg.api.spec import DisaggregatedModelSpec, PoolSpec, Role
@@ -29,5 +30,6 @@ __all__ = [
     "PoolSpec",
     "PoolStatus",
     "Role",
+    "parse_manifest",
     "parse_model",
 ]

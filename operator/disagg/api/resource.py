@@ -14,7 +14,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from disagg.api.container import CONTAINER_PATTERN_MEANINGS
-from disagg.api.scheduling import DNS_LABEL, SCHEDULING_PATTERN_MEANINGS
+from disagg.api.metadata import Metadata
+from disagg.api.scheduling import SCHEDULING_PATTERN_MEANINGS
 from disagg.api.schema import model_schema
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.api.status import DisaggregatedModelStatus
@@ -31,19 +32,6 @@ CATEGORIES: Final = ("disagg",)
 
 NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 NAME_MAX_LENGTH: Final = 63
-
-
-class Metadata(BaseModel):
-    """The parts of ObjectMeta the operator reads; everything else passes through."""
-
-    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
-
-    name: str
-    namespace: str = Field(default="default", max_length=63, pattern=DNS_LABEL)
-    uid: str | None = None
-    generation: int | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
 
 
 class DisaggregatedModel(BaseModel):
@@ -120,9 +108,13 @@ def _json_type(value: object) -> str:
     return "a list" if isinstance(value, list) else type(value).__name__
 
 
-def parse_model(manifest: object) -> DisaggregatedModel:
+def parse_model(manifest: object, notes: list[str] | None = None) -> DisaggregatedModel:
     """Validate a manifest (a parsed YAML/JSON document), without its status, into a
-    :class:`DisaggregatedModel`."""
+    :class:`DisaggregatedModel`, reading it as the API server reads a create (``kubectl
+    apply`` of a new object, ``kubectl create``): nulls the structural schema prunes are
+    dropped, and a whole number written as ``2.0`` is an integer where no rule reads it.
+    Where ``kubectl apply --server-side`` would judge otherwise (it refuses nulls), a line
+    goes to ``notes``."""
     if not isinstance(manifest, dict):
         raise ManifestError([f"<root>: expected a mapping, got {type(manifest).__name__}"])
     # Status is left out, as the API server leaves it out of a create (the CRD has a status
@@ -131,7 +123,7 @@ def parse_model(manifest: object) -> DisaggregatedModel:
     # rollback finds fields there it does not know), and it is read on its own
     # (disagg.status.previous_status, disagg.autoscale.recall.recalled): validated with the
     # spec, it made a model InvalidSpec, and stopped reconciling it, for nothing the user
-    # wrote.
+    # wrote. (A manifest's status is judged by parse_manifest.)
     manifest = {key: value for key, value in manifest.items() if key != "status"}
     problems = []
     if manifest.get("apiVersion") != API_VERSION:
@@ -154,17 +146,37 @@ def parse_model(manifest: object) -> DisaggregatedModel:
         raise ManifestError(problems)
     if isinstance(manifest.get("spec"), dict):
         nulls: list[str] = []
-        schema = api_schema(DisaggregatedModelSpec)
-        spec = without_defaulted_nulls(manifest["spec"], schema, "spec", nulls)
-        if nulls:
-            raise ManifestError(
-                [f"{path}: null is not allowed; leave the field out" for path in nulls]
-            )
+        spec = as_created(manifest["spec"], api_schema(DisaggregatedModelSpec), "spec", nulls)
+        if notes is not None:
+            notes += [
+                f"{path}: null, left out as kubectl apply and kubectl create leave it out "
+                "(kubectl apply --server-side refuses it)"
+                for path in nulls
+            ]
         manifest = {**manifest, "spec": spec}
     try:
         return DisaggregatedModel.model_validate(manifest)
     except ValidationError as error:
         raise ManifestError(format_validation_error(error)) from error
+
+
+def parse_manifest(manifest: object, notes: list[str] | None = None) -> DisaggregatedModel:
+    """A manifest a user applies, judged as ``kubectl apply`` sends it (strict field
+    validation, its default): :func:`parse_model`, and a ``status`` with no field its schema
+    lacks. The operator reads stored objects with :func:`parse_model`, which never judges a
+    status (one written by another operator version must not stop a model)."""
+    if isinstance(manifest, dict):
+        status = api_schema(DisaggregatedModelStatus)
+        undeclared = unknown_fields(manifest.get("status"), status, "status")
+        if undeclared:
+            raise ManifestError(
+                [
+                    f"{path}: unknown field (status is the operator's to write; strict field "
+                    "validation, kubectl's default, refuses a field its schema lacks)"
+                    for path in undeclared
+                ]
+            )
+    return parse_model(manifest, notes)
 
 
 def known_fields(value: Any, schema: dict[str, Any]) -> Any:
@@ -197,29 +209,95 @@ def api_schema(
     return model_schema(part)
 
 
-def without_defaulted_nulls(value: Any, schema: dict[str, Any], path: str, nulls: list[str]) -> Any:
-    """``value`` read as the API server reads it: a null where the CRD gives the field a
-    default is dropped (the server prunes it, then defaults the field); any other null is
-    added to ``nulls`` (the server refuses it: no field here is nullable) (pure)."""
+def _field_schema(schema: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The schema of field ``key`` of an object (its own, or the map's value schema)."""
+    properties = schema.get("properties") or {}
+    extra = schema.get("additionalProperties")
+    sub = properties.get(key, extra if isinstance(extra, dict) else None)
+    return sub if isinstance(sub, dict) else None
+
+
+Readers = tuple[tuple[str, tuple[str, ...], bool], ...]
+"""The CEL rules above a value: (rule, the field names from the rule's object down to the
+value, whether a list or a map lies between them)."""
+
+
+def _read_by_rule(readers: Readers) -> bool:
+    """Whether a validation rule above a value reads it: CEL takes no ``2.0`` for an int, so
+    the API server refuses a whole number written with a fraction in a field a rule reads
+    ("invalid data, expected int, got float64 evaluating rule") and takes it elsewhere.
+    Through a list or a map a rule reaches it by a variable, so any mention counts."""
+    for rule, fields, collection in readers:
+        if collection:
+            if fields and re.search(rf"\b{re.escape(fields[-1])}\b", rule):
+                return True
+        elif re.search(rf"\bself{re.escape(''.join('.' + f for f in fields))}(?![\w])", rule):
+            return True
+    return False
+
+
+def as_created(
+    value: Any, schema: dict[str, Any], path: str, nulls: list[str], readers: Readers = ()
+) -> Any:
+    """``value`` as the API server reads it on a create (pure): a null where the schema
+    declares a field that is not nullable is dropped (apiextensions' prunenulls.go: left
+    out, or defaulted where the CRD has a default, as pydantic's defaults do here), its path
+    added to ``nulls``; a whole number written with a fraction (``2.0``) where the schema
+    asks for an integer is that integer (Go's JSON decoding, then the OpenAPI type check,
+    take it) unless a validation rule reads it (:func:`_read_by_rule`). A null list item
+    stays: the API server refuses it, and so does validation."""
+    readers = (
+        *readers,
+        *((str(r.get("rule", "")), (), False) for r in schema.get("x-kubernetes-validations", ())),
+    )
     if isinstance(value, dict):
-        properties = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
         result = {}
         for key, item in value.items():
-            sub = properties.get(key, extra if isinstance(extra, dict) else None)
-            if item is None and sub is not None:
-                if "default" not in sub:
-                    nulls.append(f"{path}.{key}")
+            sub = _field_schema(schema, key)
+            if item is None and sub is not None and not sub.get("nullable"):
+                nulls.append(f"{path}.{key}")
                 continue
-            result[key] = without_defaulted_nulls(item, sub or {}, f"{path}.{key}", nulls)
+            declared = key in (schema.get("properties") or {})
+            below = tuple((r, (*f, key), c or not declared) for r, f, c in readers)
+            result[key] = as_created(item, sub or {}, f"{path}.{key}", nulls, below)
         return result
     if isinstance(value, list):
         items = schema.get("items") or {}
+        below = tuple((r, f, True) for r, f, _ in readers)
         return [
-            without_defaulted_nulls(item, items, f"{path}[{i}]", nulls)
-            for i, item in enumerate(value)
+            as_created(item, items, f"{path}[{i}]", nulls, below) for i, item in enumerate(value)
         ]
+    if (
+        schema.get("type") == "integer"
+        and isinstance(value, float)
+        and value.is_integer()
+        and not _read_by_rule(readers)
+    ):
+        return int(value)
     return value
+
+
+def unknown_fields(value: Any, schema: dict[str, Any] | None, path: str) -> list[str]:
+    """Paths of the fields in ``value`` that ``schema`` does not declare, as strict field
+    validation finds them (pure; apiextensions' pruning.go): a mapping where the schema has
+    no fields (a scalar's or a list's place, or a list's items where it has none) has every
+    key undeclared. Values of the wrong type are not its concern otherwise: strict decoding
+    looks only for undeclared fields."""
+    if schema is not None and schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = None if schema is None else _field_schema(schema, key)
+            if sub is None:
+                found.append(f"{path}.{key}")
+            else:
+                found += unknown_fields(item, sub, f"{path}.{key}")
+    elif isinstance(value, list):
+        items = None if schema is None else schema.get("items")
+        for index, item in enumerate(value):
+            found += unknown_fields(item, items, f"{path}[{index}]")
+    return found
 
 
 MAX_MANIFEST_DEPTH: Final = 64

@@ -323,14 +323,18 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
-    async def create(self, obj: Obj) -> Obj:
+    async def create(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """POST a new object. A dry run (strict field validation, as ``kubectl create
+        --dry-run=server`` and ``kubectl apply`` of a new object send it) stores nothing and
+        is not counted as a write."""
         kind = obj["kind"]
-        self._on_write(kind, "create")
+        params = {"fieldManager": MANAGER}
+        if dry_run:
+            params |= {"dryRun": "All", "fieldValidation": "Strict"}
+        else:
+            self._on_write(kind, "create")
         return await self._call(
-            "POST",
-            resource_path(kind, obj["metadata"].get("namespace")),
-            params={"fieldManager": MANAGER},
-            body=obj,
+            "POST", resource_path(kind, obj["metadata"].get("namespace")), params=params, body=obj
         )
 
     async def replace(self, obj: Obj) -> Obj:
