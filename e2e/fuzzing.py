@@ -201,6 +201,8 @@ CLASSES: dict[str, list[tuple[str, Any]]] = {
         ("spec.decode.replicas", 2.0), ("spec.router.replicas", 2.0),
         ("spec.decode.autoscaling", {"minReplicas": 1, "maxReplicas": 4.0}),
         ("spec.prefill.maxNumBatchedTokens", 8192.0), ("spec.decode.replicas", 2.5),
+        ("spec.decode.dataParallelSize", 2.0),
+        ("spec.decode", {"dataParallelSize": 2.0, "gpusPerReplica": 2}),
     ],
     "extended resource name": [
         ("spec.decode.resources", {"requests": {f"example.com/{'d' * n}": "1"},

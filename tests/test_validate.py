@@ -558,6 +558,12 @@ def test_a_whole_number_written_as_a_fraction_is_taken_where_no_rule_reads_it(
     model["spec"]["decode"] = {"replicas": 2.5}
     code, output = _run(tmp_path, model, capsys)
     assert code == 1 and "spec.decode.replicas" in output, output
+    # A rule guarded by !has(self.gpusPerReplica) reads dataParallelSize only beside it.
+    model["spec"]["decode"] = {"dataParallelSize": 2.0}
+    assert _run(tmp_path, model, capsys)[0] == 0
+    model["spec"]["decode"] = {"dataParallelSize": 2.0, "gpusPerReplica": 2}
+    code, output = _run(tmp_path, model, capsys)
+    assert code == 1 and "spec.decode.dataParallelSize" in output, output
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,23 @@ def _read_by_rule(readers: Readers) -> bool:
     return False
 
 
+_GUARD: Final = re.compile(r"^!has\(self((?:\.\w+)+)\)\s*\|\|")
+"""A rule that begins ``!has(self.a.b) ||`` is true, and reads nothing more, without a.b."""
+
+
+def _evaluated(rule: str, value: Any) -> bool:
+    """Whether ``rule`` reads past its leading ``!has(...)`` guard on ``value``."""
+    guard = _GUARD.match(rule)
+    if guard is None:
+        return True
+    node = value
+    for name in guard.group(1).split(".")[1:]:
+        if not isinstance(node, dict) or node.get(name) is None:
+            return False
+        node = node[name]
+    return True
+
+
 def as_created(
     value: Any, schema: dict[str, Any], path: str, nulls: list[str], readers: Readers = ()
 ) -> Any:
@@ -246,10 +263,8 @@ def as_created(
     asks for an integer is that integer (Go's JSON decoding, then the OpenAPI type check,
     take it) unless a validation rule reads it (:func:`_read_by_rule`). A null list item
     stays: the API server refuses it, and so does validation."""
-    readers = (
-        *readers,
-        *((str(r.get("rule", "")), (), False) for r in schema.get("x-kubernetes-validations", ())),
-    )
+    rules = (str(r.get("rule", "")) for r in schema.get("x-kubernetes-validations", ()))
+    readers = (*readers, *((rule, (), False) for rule in rules if _evaluated(rule, value)))
     if isinstance(value, dict):
         result = {}
         for key, item in value.items():
