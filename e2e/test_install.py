@@ -161,6 +161,50 @@ def test_bad_values_are_rejected_with_a_message(flag: str, message: str) -> None
     )
 
 
+def test_prometheus_tls_and_credentials_become_the_operators_flags_and_mounts() -> None:
+    values = [
+        "prometheus.url=https://prometheus.example:9090", "prometheus.tls.ca.configMapName=ca",
+        "prometheus.tls.clientCertSecretName=client", "prometheus.bearerToken.secretName=tok",
+    ]  # fmt: skip
+    docs = _docs(helm("template", "r", str(CHART), *(f"--set={v}" for v in values)).stdout)
+    pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "--prometheus-url=https://prometheus.example:9090" in args
+    assert f"--prometheus-ca-file={mounts['prometheus-ca']}/ca.crt" in args
+    assert f"--prometheus-cert-file={mounts['prometheus-client']}/tls.crt" in args
+    assert f"--prometheus-bearer-token-file={mounts['prometheus-token']}/token" in args
+    assert volumes["prometheus-ca"]["configMap"]["name"] == "ca"
+    assert volumes["prometheus-token"]["secret"]["secretName"] == "tok"
+    plain = _docs(helm("template", "r", str(CHART)).stdout)
+    default = next(d for d in plain if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert [a for a in default["containers"][0]["args"] if a.startswith("--prometheus")] == [
+        "--prometheus-url=http://prometheus-operated.monitoring.svc:9090"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["prometheus.basicAuth.username=op"], "username and passwordSecretName go together"),
+        (
+            ["prometheus.bearerToken.secretName=t", "prometheus.basicAuth.username=op",
+             "prometheus.basicAuth.passwordSecretName=p"],
+            "set bearerToken or basicAuth, not both",
+        ),
+        (
+            ["prometheus.tls.ca.secretName=a", "prometheus.tls.ca.configMapName=b"],
+            "set secretName or configMapName, not both",
+        ),
+        (["prometheus.url=prometheus:9090"], "/prometheus/url"),
+    ],
+)  # fmt: skip
+def test_prometheus_values_that_cannot_work_are_refused(values: list[str], message: str) -> None:
+    result = helm("template", "r", str(CHART), *(f"--set={v}" for v in values), check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
 def test_install_yaml_is_generated_from_the_chart() -> None:
     committed = (ROOT / "manifests" / "install.yaml").read_text()
     assert committed == generate.install_yaml(str(HELM)), "run `make manifests`"

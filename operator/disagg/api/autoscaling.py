@@ -9,6 +9,9 @@ from pydantic import Field
 from disagg.api.base import ApiModel, Duration, parse_duration
 from disagg.api.rules import Rule
 
+DEFAULT_PROMETHEUS_URL: Final = "http://prometheus-operated.monitoring.svc:9090"
+"""The Prometheus Operator's Service for a Prometheus in ``monitoring``: where the
+autoscaler looks when neither the model nor the operator names one."""
 HPA_MAX_STABILIZATION: Final = 3600.0
 HPA_MAX_PERIOD: Final = 1800.0
 SLO_WINDOW_MIN: Final = 3600.0
@@ -128,10 +131,13 @@ class AutoscalingSpec(ApiModel):
         default="50ms",
         description="Inter-token latency (TPOT) p99 target; drives the decode pool.",
     )
-    prometheus_url: str = Field(
-        default="http://prometheus-operated.monitoring.svc:9090",
+    prometheus_url: str | None = Field(
+        default=None,
         pattern=r"^https?://",
-        description="Prometheus HTTP API the autoscaler queries.",
+        description="Prometheus HTTP API the autoscaler (and KEDA, in external mode) queries. "
+        "Default: the operator's (its --prometheus-url, the chart's prometheus.url; "
+        f"{DEFAULT_PROMETHEUS_URL} unless set), which also holds the TLS and credentials "
+        "the operator uses.",
     )
     slo_window: Duration = Field(
         default="672h",

@@ -17,8 +17,7 @@ from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.exceptions import RequestException
-from urllib3.util.retry import Retry
+from requests.exceptions import RequestException, SSLError
 
 from disagg.api.base import parse_duration
 from disagg.api.resource import KIND, ManifestError, parse_model
@@ -31,6 +30,7 @@ from disagg.model_files import load_models
 from disagg.perf import NETWORKS
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import EngineShape
+from disagg.prometheus_access import AccessError, PrometheusAccess, add_flags, from_args
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query of more points than this."""
@@ -61,6 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(queues grow, every latency rises), or neither; print the evidence and the next step.",
     )
     cmd.add_argument("--prometheus", required=True, help="Prometheus base URL")
+    add_flags(cmd)
     cmd.add_argument("--model", required=True, help="the DisaggregatedModel's metadata.name")
     cmd.add_argument("--namespace", default="default", help="its namespace")
     cmd.add_argument("--since", default="1h", help="how far back to look (default 1h)")
@@ -190,15 +191,17 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts, str]:
     return Slo(ttft, tpot), backend, facts, source
 
 
-def _client(url: str, timeout: float) -> PrometheusConnect:
+def _client(url: str, access: PrometheusAccess, timeout: float) -> PrometheusConnect:
     if not url.startswith(("http://", "https://")):
         raise DiagnoseError(f"--prometheus: {url!r} is not an http:// or https:// URL")
-    return PrometheusConnect(url=url, disable_ssl=True, timeout=timeout, retry=Retry(total=0))
+    return access.client(url, timeout)
 
 
-def _ask(url: str, call: Any, promql: str) -> Any:
+def _ask(url: str, call: Any, promql: str, access: PrometheusAccess) -> Any:
     try:
         return call()
+    except SSLError as error:
+        raise DiagnoseError(f"TLS with Prometheus at {url} failed: {access.hint(error)}") from None
     except RequestException as error:
         raise DiagnoseError(f"cannot reach Prometheus at {url} ({type(error).__name__})") from None
     except (PrometheusApiClientException, ValueError) as error:
@@ -223,7 +226,11 @@ def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
     if step > since:
         raise DiagnoseError("--step: longer than --since")
     slo, backend, facts, source = _settings(args)
-    client = _client(args.prometheus, timeout)
+    try:
+        access = from_args(args)
+    except AccessError as error:
+        raise DiagnoseError(str(error)) from None
+    client = _client(args.prometheus, access, timeout)
     start, end = datetime.fromtimestamp(now - since, UTC), datetime.fromtimestamp(now, UTC)
     answers: dict[Series, Any] = {}
     for series, promql in range_queries(backend, args.namespace, args.model, window).items():
@@ -233,6 +240,7 @@ def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
                 q, start, end, prometheus_duration(step), timeout=timeout
             ),
             promql,
+            access,
         )
     line = timeline(by_role(answers))
     finding = diagnose(line, slo)
@@ -241,7 +249,12 @@ def run(args: argparse.Namespace, now: float) -> dict[str, Any]:
         queries = traffic_queries(backend, args.namespace, args.model, line.decoding_role, since)
         values = {
             key: _instant(
-                _ask(args.prometheus, lambda q=q: client.custom_query(q, timeout=timeout), q)
+                _ask(
+                    args.prometheus,
+                    lambda q=q: client.custom_query(q, timeout=timeout),
+                    q,
+                    access,
+                )
             )
             for key, q in queries.items()
         }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from disagg.prometheus_access import PrometheusAccess
 
 
 @dataclass(frozen=True)
@@ -18,3 +20,4 @@ class RunConfig:
     lease_name: str = "disagg-operator"
     resync_seconds: float = 300.0
     concurrency: int = 4
+    prometheus: PrometheusAccess = field(default_factory=PrometheusAccess)

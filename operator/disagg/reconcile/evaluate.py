@@ -56,7 +56,7 @@ POOLS: Final[tuple[PoolName, ...]] = ("prefill", "decode")
 IRRELEVANT_TO_SPEED: Final = frozenset({"replicas", "autoscaling", "priorityClassName"})
 """Pool fields that change how many engines run, or their eviction order, not how fast."""
 Obj = dict[str, Any]
-SourceFactory = Callable[[str], PrometheusSource]
+SourceFactory = Callable[[str | None], PrometheusSource]
 
 
 @dataclass

@@ -28,6 +28,7 @@ from disagg.reconcile.config import RunConfig
 from disagg.reconcile.leader import LeaderElector
 from disagg.reconcile.metrics import OperatorMetrics, serve
 from disagg.reconcile.model import Reconciler
+from disagg.reconcile.prometheus import PrometheusSources
 from disagg.reconcile.queue import Key, WorkQueue
 
 log = logging.getLogger("disagg.operator")
@@ -159,7 +160,14 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
             config=config,
             client=client,
             cache=cache,
-            reconciler=Reconciler(client, EventRecorder(client), cache, models),
+            reconciler=Reconciler(
+                client,
+                EventRecorder(client),
+                cache,
+                models,
+                prometheus=PrometheusSources(config.prometheus),
+                prometheus_url=config.prometheus.default_url,
+            ),
             metrics=metrics,
         )
         runtime.tasks.append(asyncio.create_task(cache.run(), name="child watches"))

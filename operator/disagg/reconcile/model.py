@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from disagg.api.autoscaling import DEFAULT_PROMETHEUS_URL
 from disagg.api.base import parse_duration
 from disagg.api.resource import DisaggregatedModel, ManifestError, parse_model
 from disagg.api.spec import Role
@@ -47,7 +48,7 @@ from disagg.reconcile.evaluate import (
     recalled_state,
     scaling_record,
 )
-from disagg.reconcile.prometheus import PrometheusSource
+from disagg.reconcile.prometheus import PrometheusSources
 from disagg.render import RenderContext, render_all, router_endpoint
 from disagg.rollout import unobserved
 from disagg.status import (
@@ -144,7 +145,9 @@ class Reconciler:
     cache: ChildCache
     models: ModelStore
     clock: Clock = system_clock
-    prometheus: SourceFactory = PrometheusSource
+    prometheus: SourceFactory = field(default_factory=PrometheusSources)
+    prometheus_url: str = DEFAULT_PROMETHEUS_URL
+    """Where a model that names no Prometheus is read from (KEDA's triggers too)."""
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
     """Each autoscaled model's policy memory (the leader's; dropped when leadership is)."""
     waiting_since: dict[Key, float] = field(default_factory=dict)
@@ -179,7 +182,10 @@ class Reconciler:
         evaluation = await self._evaluate(model, body, live, now)
         replicas = self._replicas(live, evaluation)
         replicas = {**starting_sizes(model.spec, switch.retiring, replicas), **replicas}
-        ctx = RenderContext(model, replicas=replicas, router_mode=switch.router_mode)
+        ctx = RenderContext(
+            model, replicas=replicas, router_mode=switch.router_mode,
+            prometheus_url=self.prometheus_url,
+        )  # fmt: skip
         desired = render_all(ctx)
         try:
             applied = await apply_children(

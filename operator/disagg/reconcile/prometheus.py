@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.exceptions import RequestException
-from urllib3.util.retry import Retry
+from requests.exceptions import RequestException, SSLError
 
 from disagg.autoscale.inputs import clean_buckets
 from disagg.autoscale.policy import Signals
 from disagg.autoscale.queries import DECODE_LOAD, PREFILL_LOAD, Signal
+from disagg.prometheus_access import PrometheusAccess
 
 QUERY_TIMEOUT = 5
 
@@ -42,22 +42,37 @@ def _scalar(result: list[dict[str, Any]]) -> tuple[float | None, float | None]:
 class PrometheusSource:
     """Instant queries against one Prometheus."""
 
-    def __init__(self, url: str, timeout: int = QUERY_TIMEOUT) -> None:
+    def __init__(
+        self, url: str, access: PrometheusAccess | None = None, timeout: int = QUERY_TIMEOUT
+    ) -> None:
         self.url = url
         self._timeout = timeout
-        self._client = PrometheusConnect(
-            url=url, disable_ssl=True, timeout=timeout, retry=Retry(total=0)
-        )
+        self._access = access or PrometheusAccess()
+        self._client = self._access.client(url, timeout)
 
     def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(promql, timeout=self._timeout)
+        except SSLError as error:
+            raise MetricsUnavailable(
+                f"TLS with Prometheus at {self.url} failed: {self._access.hint(error)}"
+            ) from error
         except RequestException as error:
             # The message must not vary between ticks (no object addresses): it lands in status.
             raise MetricsUnavailable(
                 f"cannot reach Prometheus at {self.url} ({type(error).__name__})"
             ) from error
-        except (PrometheusApiClientException, ValueError) as error:
+        except PrometheusApiClientException as error:
+            status = str(error).removeprefix("HTTP Status Code ").split(" ", 1)[0]
+            if status in ("401", "403"):
+                raise MetricsUnavailable(
+                    f"Prometheus at {self.url} refused the credentials (HTTP {status}): check "
+                    "the bearer token or basic auth the operator is given"
+                ) from error
+            raise MetricsUnavailable(
+                f"Prometheus at {self.url} rejected {promql!r}: {error}"
+            ) from error
+        except ValueError as error:
             raise MetricsUnavailable(
                 f"Prometheus at {self.url} rejected {promql!r}: {error}"
             ) from error
@@ -138,6 +153,21 @@ class PrometheusSource:
 
     async def _optional(self, promql: str | None) -> float | None:
         return None if promql is None else (await self.query(promql))[0]
+
+
+@dataclass
+class PrometheusSources:
+    """The source for each Prometheus URL, made once with the operator's access settings;
+    a model that names no URL gets the operator's default."""
+
+    access: PrometheusAccess = field(default_factory=PrometheusAccess)
+    _by_url: dict[str, PrometheusSource] = field(default_factory=dict)
+
+    def __call__(self, url: str | None) -> PrometheusSource:
+        url = url or self.access.default_url
+        if url not in self._by_url:
+            self._by_url[url] = PrometheusSource(url, self.access)
+        return self._by_url[url]
 
 
 async def _nothing() -> dict[str, float]:

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from disagg.prometheus_access import AccessError, add_flags, from_args
 from disagg.reconcile.config import RunConfig
 
 
@@ -24,6 +25,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         lease_name=args.lease_name,
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
+        prometheus=from_args(args),
     )
 
 
@@ -39,11 +41,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"error: --kubeconfig {args.kubeconfig}: no such file", file=sys.stderr)
             return 2
         os.environ["KUBECONFIG"] = args.kubeconfig
+    try:
+        config = _config(args)
+    except AccessError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     import kopf  # imported here so the rest of the CLI starts fast
 
     from disagg.reconcile.handlers import register
 
-    config = _config(args)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("disagg").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # One line per handler call drowns what matters.
@@ -100,4 +106,9 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     run.add_argument("--concurrency", type=int, default=4, help="models reconciled at once")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_flags(
+        run,
+        "Prometheus of the models that name none in spec.autoscaling.prometheusUrl "
+        "(default: %(default)s)",
+    )
     run.set_defaults(func=cmd_run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from disagg.api.autoscaling import DEFAULT_PROMETHEUS_URL
 from disagg.api.resource import API_VERSION, KIND, DisaggregatedModel
 from disagg.api.spec import Mode
 from disagg.naming import ComponentRole, labels
@@ -26,6 +27,8 @@ class RenderContext:
     router_mode: Mode | None = None
     """The mode the router serves, when a mode switch still routes to the old pools
     (:mod:`disagg.transition`); None: the spec's."""
+    prometheus_url: str = DEFAULT_PROMETHEUS_URL
+    """The operator's Prometheus, for a model that names none (KEDA's triggers read it)."""
 
     @property
     def name(self) -> str:

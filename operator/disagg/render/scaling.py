@@ -95,7 +95,7 @@ def render_scaler(ctx: RenderContext, role: Role) -> Manifest:
                         # alone, whatever the pool's size.
                         "metricType": "Value",
                         "metadata": {
-                            "serverAddress": spec.autoscaling.prometheus_url,
+                            "serverAddress": spec.autoscaling.prometheus_url or ctx.prometheus_url,
                             "query": latency_query(ctx, role),
                             "threshold": f"{_slo(spec, role):g}",
                             "ignoreNullValues": "false",
