@@ -115,6 +115,8 @@ def test_interference_on_a_colocated_model_suggests_a_smaller_budget_that_meets_
     advice = next_step(finding, line, SLO, FACTS, traffic)
     assert advice.action == "chunk", advice
     assert advice.budget is not None and advice.budget.tokens < 8192
+    # The colocated pool (role label "engine") is configured under spec.decode.
+    assert f"set spec.decode.maxNumBatchedTokens to {advice.budget.tokens}" in advice.text
     assert advice.budget.mixed_step <= 0.8 * SLO.tpot
     assert advice.budget.long_prompt_ttft <= 0.8 * SLO.ttft
     assert advice.command == (

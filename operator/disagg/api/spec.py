@@ -323,6 +323,12 @@ class DisaggregatedModelSpec(ApiModel):
                 ) from None
         return self
 
+    @staticmethod
+    def pool_field(role: str) -> str:
+        """The field of ``spec`` that configures a pool (``decode`` for the colocated
+        engine pool, whose role label is ``engine``)."""
+        return "prefill" if role == "prefill" else "decode"
+
     def pool(self, role: Role) -> PoolSpec:
         """The spec of one pool (the colocated engine pool is configured by ``decode``)."""
         return self.prefill if role == "prefill" else self.decode

@@ -15,6 +15,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from disagg.api.spec import DisaggregatedModelSpec
 from disagg.diagnose.series import Timeline
 from disagg.diagnose.verdict import Finding, Slo
 from disagg.perf.roofline import EngineShape, PrefillChunk, step_time
@@ -137,7 +138,8 @@ def _interference(
         now = f" (now {facts.budget})" if facts.budget else ""
         return NextStep(
             "chunk",
-            f"set spec.{timeline.decoding_role}.maxNumBatchedTokens to {budget.tokens}{now}: "
+            f"set spec.{DisaggregatedModelSpec.pool_field(timeline.decoding_role)}"
+            f".maxNumBatchedTokens to {budget.tokens}{now}: "
             f"a mixed step then takes {budget.mixed_step * 1000:.0f} ms against the "
             f"{slo.tpot * 1000:.0f} ms TPOT SLO, and a {long_prompt}-token prompt prefills in "
             f"{budget.long_prompt_ttft:.2f} s (the engine simulator's latency model, "
