@@ -261,30 +261,26 @@ def test_bad_input_names_the_field(
     assert "Traceback" not in output
 
 
-def test_mooncake_needs_equal_tp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    manifest = load_example("sglang-mooncake")
-    manifest["spec"]["decode"]["tensorParallelSize"] = 4
-    code, output = _run(tmp_path, manifest, capsys)
-    assert code == 1
-    assert "with the mooncake connector, decode.tensorParallelSize must equal" in output
-
-
+@pytest.mark.parametrize("connector", ["nixl", "mooncake"])
 @pytest.mark.parametrize(
     ("prefill_tp", "decode_tp", "valid"),
     [(8, 2, True), (2, 8, True), (4, 4, True), (2, 3, False), (6, 4, False), (3, 6, True)],
 )
-def test_nixl_tp_degrees_may_differ_either_way_when_one_divides_the_other(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], prefill_tp: int, decode_tp: int, valid: bool
-) -> None:
-    # vLLM's NIXL connector asserts larger % smaller == 0 at the handshake (both directions).
+def test_tp_degrees_may_differ_either_way_when_one_divides_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], prefill_tp: int, decode_tp: int,
+    valid: bool, connector: str,
+) -> None:  # fmt: skip
+    # vLLM 0.33.0 asserts larger % smaller == 0 at the handshake, both directions, for NIXL
+    # (TransferTopology.tp_ratio) and Mooncake (_get_tp_ratio).
     manifest = _with(load_example("minimal"), "spec.prefill.tensorParallelSize", prefill_tp)
     manifest["spec"].setdefault("decode", {})["tensorParallelSize"] = decode_tp
+    manifest["spec"].setdefault("engine", {})["kvConnector"] = connector
     code, output = _run(tmp_path, manifest, capsys)
     assert (code == 0) == valid, output
     if not valid:
         assert (
-            "spec.decode.tensorParallelSize: with the nixl connector, the larger of "
-            "prefill.tensorParallelSize and decode.tensorParallelSize must be a multiple of "
+            "spec.decode.tensorParallelSize: with the nixl and mooncake connectors, the larger "
+            "of prefill.tensorParallelSize and decode.tensorParallelSize must be a multiple of "
             "the smaller" in output
         )
 

@@ -258,10 +258,11 @@ def as_created(
 ) -> Any:
     """``value`` as the API server reads it on a create (pure): a null where the schema
     declares a field that is not nullable is dropped (apiextensions' prunenulls.go: left
-    out, or defaulted where the CRD has a default, as pydantic's defaults do here), its path
-    added to ``nulls``; a whole number written with a fraction (``2.0``) where the schema
-    asks for an integer is that integer (Go's JSON decoding, then the OpenAPI type check,
-    take it) unless a validation rule reads it (:func:`_read_by_rule`). A null list item
+    out, or defaulted where the CRD has a default, as pydantic's defaults do here), and its
+    path added to ``nulls`` where there is no default (a server-side apply refuses those);
+    a whole number written with a fraction (``2.0``) where the schema asks for an integer
+    is that integer (Go's JSON decoding, then the OpenAPI type check, take it) unless a
+    validation rule reads it (:func:`_read_by_rule`). A null list item
     stays: the API server refuses it, and so does validation."""
     rules = (str(r.get("rule", "")) for r in schema.get("x-kubernetes-validations", ()))
     readers = (*readers, *((rule, (), False) for rule in rules if _evaluated(rule, value)))
@@ -270,7 +271,8 @@ def as_created(
         for key, item in value.items():
             sub = _field_schema(schema, key)
             if item is None and sub is not None and not sub.get("nullable"):
-                nulls.append(f"{path}.{key}")
+                if "default" not in sub:  # a server-side apply defaults it too
+                    nulls.append(f"{path}.{key}")
                 continue
             declared = key in (schema.get("properties") or {})
             below = tuple((r, (*f, key), c or not declared) for r, f, c in readers)

@@ -59,7 +59,9 @@ class EngineSpec(ApiModel):
     kv_connector: KvConnector = Field(
         default="nixl",
         description="KV-cache transfer between the pools: nixl (UCX, RDMA), mooncake, or "
-        "lmcache (vLLM only).",
+        "lmcache (vLLM only). With nixl and mooncake the pools' TP degrees may differ either "
+        "way when the larger is a multiple of the smaller; SGLang's mooncake path needs equal "
+        "TP for hybrid models with generic KV state (it refuses them at the handshake).",
     )
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         default="auto", description="KV-cache data type; identical in both pools."
@@ -192,8 +194,17 @@ class PoolSpec(ApiModel):
         return self.tensor_parallel_size * self.data_parallel_size
 
 
+TP_RATIO_CONNECTORS: Final = ("nixl", "mooncake")
+"""Connectors that move KV between prefill and decode TP degrees when the larger is a
+multiple of the smaller, either way: vLLM 0.33.0 asserts it at the handshake for NIXL
+(``TransferTopology.tp_ratio`` in ``kv_connector/utils.py``) and for Mooncake
+(``_get_tp_ratio`` in ``kv_connector/v1/mooncake/mooncake_connector.py``); SGLang 0.5.23's
+Mooncake backend slices KV heads between any two (``compute_head_slice_params``), so the
+same rule is safe for it."""
+
+
 def _tp_rule_ok(spec: DisaggregatedModelSpec) -> bool:
-    if spec.mode == "colocated" or spec.engine.kv_connector != "nixl":
+    if spec.mode == "colocated" or spec.engine.kv_connector not in TP_RATIO_CONNECTORS:
         return True
     return nixl_tp_compatible(spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size)
 
@@ -246,26 +257,14 @@ class DisaggregatedModelSpec(ApiModel):
 
     rules: ClassVar = (
         Rule(
-            cel=f"{_COLOCATED} || self.engine.kvConnector != 'nixl' || "
+            cel=f"{_COLOCATED} || !(self.engine.kvConnector in {list(TP_RATIO_CONNECTORS)}) || "
             "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
             "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "
             "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
-            message="with the nixl connector, the larger of prefill.tensorParallelSize and "
-            "decode.tensorParallelSize must be a multiple of the smaller (the engines fail "
-            "the KV handshake otherwise)",
+            message="with the nixl and mooncake connectors, the larger of "
+            "prefill.tensorParallelSize and decode.tensorParallelSize must be a multiple of the "
+            "smaller (the engines fail the KV handshake otherwise)",
             check=_tp_rule_ok,
-            field_path=".decode.tensorParallelSize",
-        ),
-        Rule(
-            cel=f"{_COLOCATED} || self.engine.kvConnector != 'mooncake' || "
-            "self.decode.tensorParallelSize == self.prefill.tensorParallelSize",
-            message="with the mooncake connector, decode.tensorParallelSize must equal "
-            "prefill.tensorParallelSize",
-            check=lambda s: (
-                s.mode == "colocated"
-                or s.engine.kv_connector != "mooncake"
-                or s.decode.tensor_parallel_size == s.prefill.tensor_parallel_size
-            ),
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
