@@ -184,6 +184,22 @@ def test_prometheus_tls_and_credentials_become_the_operators_flags_and_mounts() 
     ]
 
 
+def test_a_mirror_registry_and_tag_become_the_operators_image_flags() -> None:
+    def image_args(*values: str) -> list[str]:
+        docs = _docs(helm("template", "r", str(CHART), *(f"--set={v}" for v in values)).stdout)
+        pod = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        return [a for a in pod["containers"][0]["args"] if a.startswith("--image-")]
+
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert image_args() == [f"--image-tag={app_version}"]
+    mirrored = image_args("dataPlane.imageRegistry=registry.local:5000/ai", "dataPlane.imageTag=x1")
+    assert mirrored == ["--image-registry=registry.local:5000/ai", "--image-tag=x1"]
+    refused = helm(
+        "template", "r", str(CHART), "--set=dataPlane.imageRegistry=Bad Registry", check=False
+    )
+    assert refused.returncode != 0 and "/dataPlane/imageRegistry" in refused.stderr
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, example_paths, load_example
+from conftest import EXAMPLES, ROOT, example_paths, load_example
 from disagg.api import parse_model
+from disagg.cli import main
 from disagg.render import RenderContext, render_all
 from disagg.render.workers import pool_replicas
+from disagg.versions import DataPlaneImages
 from disagg.yamlio import dump_all
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -441,3 +443,43 @@ def test_a_pool_affinity_reaches_its_pods_as_written() -> None:
     decode = next(o for o in _render(manifest) if o["metadata"]["name"].endswith("-decode")
                   and o["kind"] == "Deployment")  # fmt: skip
     assert decode["spec"]["template"]["spec"]["affinity"] == affinity
+
+
+def test_the_operators_image_registry_and_tag_name_every_bundled_image_a_model_leaves_out() -> None:
+    mirror = DataPlaneImages("registry.local:5000/mirror", "0.1.0-rc1")
+    model = parse_model(load_example("minimal"))
+    objects = render_all(RenderContext(model, images=mirror))
+    images = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"]
+        for d in objects
+        if d["kind"] == "Deployment"
+    }
+    assert images == {
+        "qwen-small-prefill": "registry.local:5000/mirror/engine:0.1.0-rc1-vllm0.33.0",
+        "qwen-small-decode": "registry.local:5000/mirror/engine:0.1.0-rc1-vllm0.33.0",
+        "qwen-small-router": "registry.local:5000/mirror/router:0.1.0-rc1",
+    }
+    named = load_example("minimal")
+    named["spec"]["engine"] = {"image": "example.com/my-vllm:1", "backend": "sglang"}
+    named["spec"]["router"] = {"image": "example.com/my-router:1"}
+    for d in render_all(RenderContext(parse_model(named), images=mirror)):
+        if d["kind"] == "Deployment":
+            assert d["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
+                "example.com/my-"
+            )
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--image-registry", "Registry.Local/x"], "--image-registry 'Registry.Local/x': must be"),
+        (["--image-registry", "reg.local/"], "--image-registry 'reg.local/': must be"),
+        (["--image-tag", "a b"], "--image-tag 'a b': must be an image tag"),
+    ],
+)
+def test_render_refuses_a_registry_or_tag_no_image_can_have(
+    flags: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(EXAMPLES / "minimal.yaml")
+    assert main(["render", "-f", path, *flags]) == 1
+    assert expected in capsys.readouterr().err

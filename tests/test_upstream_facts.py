@@ -18,7 +18,7 @@ from prometheus_client import Histogram
 from conftest import ROOT, example_paths
 from disagg.api import parse_model
 from disagg.api.resource import ManifestError
-from disagg.api.spec import DisaggregatedModelSpec
+from disagg.api.spec import DisaggregatedModelSpec, EngineSpec
 from disagg.autoscale.queries import SGLANG, VLLM, MetricNames
 from disagg.perf.buckets import (
     SGLANG_ITL_BUCKETS,
@@ -213,8 +213,11 @@ def _accepted(backend: str, connector: str, prefill_tp: int, decode_tp: int) -> 
 
 @pytest.mark.parametrize(
     ("backend", "connector", "rule"),
-    [("vllm", "nixl", "nixl_tp"), ("vllm", "mooncake", "mooncake_tp"), ("sglang", "nixl", None)],
-)
+    [
+        ("vllm", "nixl", "nixl_tp"), ("vllm", "mooncake", "mooncake_tp"),
+        ("sglang", "nixl", None), ("sglang", "mooncake", None),
+    ],
+)  # fmt: skip
 def test_the_api_never_accepts_a_tp_pair_the_connector_asserts_against(
     backend: str, connector: str, rule: str | None
 ) -> None:
@@ -223,16 +226,20 @@ def test_the_api_never_accepts_a_tp_pair_the_connector_asserts_against(
     for prefill_tp, decode_tp in itertools.product([1, 2, 3, 4, 6, 8], repeat=2):
         if _accepted(backend, connector, prefill_tp, decode_tp):
             assert _larger_is_multiple(prefill_tp, decode_tp), (prefill_tp, decode_tp)
-    assert _accepted(backend, connector, 8, 2) == (connector == "nixl")
+    # Either direction, when the larger is a multiple of the smaller.
+    assert _accepted(backend, connector, 8, 2) and _accepted(backend, connector, 2, 8)
 
 
-def test_sglang_mooncake_refuses_different_tp_only_for_state_models_the_api_keeps_equal() -> None:
+def test_sglang_mooncake_refuses_different_tp_only_for_state_models() -> None:
     """SGLang's Mooncake path refuses a prefill/decode TP mismatch only for hybrid-state,
-    unified-memory, DCP-draft and DFLASH models; the API keeps Mooncake TP equal for all."""
+    unified-memory, DCP-draft and DFLASH models, which the spec cannot tell apart: the API
+    takes different TP (a multiple either way) and the field's description names them."""
     guards = SGLANG_FACTS["mooncake_tp_guards"]
     assert guards, "no TP guard found in sglang's mooncake/conn.py: re-read the source"
     special = ("hybrid", "mamba", "minimax", "dflash", "unified", "dcp", "state")
     for guard in guards:
         text = (guard["when"] + " " + guard["message"]).lower()
         assert any(word in text for word in special), f"a TP guard for every model: {guard}"
-    assert not _accepted("sglang", "mooncake", 4, 2)
+    assert _accepted("sglang", "mooncake", 4, 2)
+    description = EngineSpec.model_fields["kv_connector"].description or ""
+    assert "equal TP for hybrid models" in description

@@ -23,13 +23,18 @@ from disagg.render import RenderContext, render_all
 from disagg.router.cli import register as register_router
 from disagg.sim.cli import register as register_sim
 from disagg.sim.simulate import register as register_simulate
+from disagg.versions import add_image_flags, images_from_args
 from disagg.yamlio import dump, dump_all
 from disagg_engine.cli import add_actions as add_engine_actions
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    try:
+        images = images_from_args(args)
+    except ValueError as error:
+        raise CliError(str(error)) from None
     models = load_models(args.file)
-    objects = [obj for model in models for obj in render_all(RenderContext(model))]
+    objects = [obj for model in models for obj in render_all(RenderContext(model, images=images))]
     sys.stdout.write(dump_all(objects))
     return 0
 
@@ -72,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     render = sub.add_parser("render", help="print the Kubernetes objects a model becomes")
     _add_file_arg(render)
+    add_image_flags(render)
     render.set_defaults(func=cmd_render)
 
     validate = sub.add_parser("validate", help="check manifests against the API and its rules")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from disagg.prometheus_access import PrometheusAccess
+from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 
 @dataclass(frozen=True)
@@ -21,3 +22,4 @@ class RunConfig:
     resync_seconds: float = 300.0
     concurrency: int = 4
     prometheus: PrometheusAccess = field(default_factory=PrometheusAccess)
+    images: DataPlaneImages = DEFAULT_IMAGES

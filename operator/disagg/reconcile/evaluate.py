@@ -49,6 +49,7 @@ from disagg.perf.engine_buckets import latency_buckets
 from disagg.reconcile.prometheus import MetricsUnavailable, PrometheusSource
 from disagg.render.workers import engine_image
 from disagg.status import ScalingRecord
+from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 log = logging.getLogger("disagg.autoscaler")
 DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
@@ -140,7 +141,9 @@ def recalled_state(
     return state, recall.problems
 
 
-def pool_shape(model: DisaggregatedModel, phase: PoolName) -> str:
+def pool_shape(
+    model: DisaggregatedModel, phase: PoolName, images: DataPlaneImages = DEFAULT_IMAGES
+) -> str:
     """A digest of what sets how fast the engines serving ``phase`` are: the model, the
     engine and the image in force, the pool's GPUs, TP, batching, flags and placement; not
     its replica counts. Fields left at their defaults are left out, so an operator release
@@ -154,7 +157,7 @@ def pool_shape(model: DisaggregatedModel, phase: PoolName) -> str:
 
     pool = {k: v for k, v in wire(spec.pool(role)).items() if k not in IRRELEVANT_TO_SPEED}
     engine = {k: v for k, v in wire(spec.engine).items() if k != "imagePullPolicy"}
-    shape = {"model": wire(spec.model), "engine": engine, "image": engine_image(spec),
+    shape = {"model": wire(spec.model), "engine": engine, "image": engine_image(spec, images),
              "role": role, "pool": pool}  # fmt: skip
     relearn = model.metadata.annotations.get(RELEARN_ANNOTATION)
     if relearn is not None:
@@ -241,12 +244,13 @@ async def evaluate(
     status: Obj,
     state: ScalerState,
     now: float,
+    images: DataPlaneImages = DEFAULT_IMAGES,
 ) -> Evaluation:
     """Decide the pools' sizes from Prometheus (``deployments`` by role); reads only, never
     raises for missing data. A colocated engine pool is sized for both phases, each with its
     own memory, and gets the larger size."""
     # Said as soon as the spec or the annotation changes, metrics or not.
-    relearning = tuple(p for p in POOLS if state.memories[p].reshape(pool_shape(model, p)))
+    relearning = tuple(p for p in POOLS if state.memories[p].reshape(pool_shape(model, p, images)))
     try:
         signals = await read_signals(model, source)
     except MetricsUnavailable as error:

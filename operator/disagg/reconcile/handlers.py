@@ -167,6 +167,7 @@ def register(registry: kopf.OperatorRegistry, config: RunConfig) -> None:
                 models,
                 prometheus=PrometheusSources(config.prometheus),
                 prometheus_url=config.prometheus.default_url,
+                images=config.images,
             ),
             metrics=metrics,
         )

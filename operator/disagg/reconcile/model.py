@@ -63,6 +63,7 @@ from disagg.status import (
     worth_writing,
 )
 from disagg.transition import POOL_ROLES, mode_roles, plan_switch, starting_sizes
+from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 log = logging.getLogger("disagg.reconcile")
 Obj = dict[str, Any]
@@ -148,6 +149,8 @@ class Reconciler:
     prometheus: SourceFactory = field(default_factory=PrometheusSources)
     prometheus_url: str = DEFAULT_PROMETHEUS_URL
     """Where a model that names no Prometheus is read from (KEDA's triggers too)."""
+    images: DataPlaneImages = DEFAULT_IMAGES
+    """The engine and router images of a model that names none."""
     scalers: dict[Key, ScalerState] = field(default_factory=dict)
     """Each autoscaled model's policy memory (the leader's; dropped when leadership is)."""
     waiting_since: dict[Key, float] = field(default_factory=dict)
@@ -184,7 +187,7 @@ class Reconciler:
         replicas = {**starting_sizes(model.spec, switch.retiring, replicas), **replicas}
         ctx = RenderContext(
             model, replicas=replicas, router_mode=switch.router_mode,
-            prometheus_url=self.prometheus_url,
+            prometheus_url=self.prometheus_url, images=self.images,
         )  # fmt: skip
         desired = render_all(ctx)
         try:
@@ -262,7 +265,7 @@ class Reconciler:
             return None
         source = self.prometheus(model.spec.autoscaling.prometheus_url)
         status = body.get("status") or {}
-        evaluation = await evaluate(model, source, deployments, status, state, now)
+        evaluation = await evaluate(model, source, deployments, status, state, now, self.images)
         if evaluation.unavailable is None or evaluation.relearning:
             state.saved = remembered(state.memories, state.mode, now)
         for decision in evaluation.resized():

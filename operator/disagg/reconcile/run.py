@@ -10,6 +10,7 @@ import sys
 
 from disagg.prometheus_access import AccessError, add_flags, from_args
 from disagg.reconcile.config import RunConfig
+from disagg.versions import add_image_flags, images_from_args
 
 
 def _config(args: argparse.Namespace) -> RunConfig:
@@ -26,6 +27,7 @@ def _config(args: argparse.Namespace) -> RunConfig:
         resync_seconds=args.resync_seconds,
         concurrency=args.concurrency,
         prometheus=from_args(args),
+        images=images_from_args(args),
     )
 
 
@@ -43,9 +45,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         os.environ["KUBECONFIG"] = args.kubeconfig
     try:
         config = _config(args)
-    except AccessError as error:
+    except (AccessError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
     import kopf  # imported here so the rest of the CLI starts fast
 
     from disagg.reconcile.handlers import register
@@ -106,6 +109,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     run.add_argument("--concurrency", type=int, default=4, help="models reconciled at once")
     run.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_image_flags(run)
     add_flags(
         run,
         "Prometheus of the models that name none in spec.autoscaling.prometheusUrl "

@@ -9,6 +9,7 @@ from disagg.api.autoscaling import DEFAULT_PROMETHEUS_URL
 from disagg.api.resource import API_VERSION, KIND, DisaggregatedModel
 from disagg.api.spec import Mode
 from disagg.naming import ComponentRole, labels
+from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 Manifest = dict[str, Any]
 
@@ -29,6 +30,8 @@ class RenderContext:
     (:mod:`disagg.transition`); None: the spec's."""
     prometheus_url: str = DEFAULT_PROMETHEUS_URL
     """The operator's Prometheus, for a model that names none (KEDA's triggers read it)."""
+    images: DataPlaneImages = DEFAULT_IMAGES
+    """The operator's engine and router images, for a model that names none."""
 
     @property
     def name(self) -> str:

@@ -7,7 +7,6 @@ from typing import Final
 from disagg.api.base import parse_duration
 from disagg.naming import child_name, labels, pool_selector, router_service_account, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
-from disagg.versions import DEFAULT_ROUTER_IMAGE
 
 DRAIN_SECONDS: Final = 60
 """How long a stopping router keeps serving the requests it has (``--drain-timeout``)."""
@@ -106,7 +105,7 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
     spec = ctx.model.spec
     container: Manifest = {
         "name": "router",
-        "image": spec.router.image or DEFAULT_ROUTER_IMAGE,
+        "image": spec.router.image or ctx.images.router,
         "command": ["disagg", "router"],
         "args": router_args(ctx),
         "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],

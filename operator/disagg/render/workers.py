@@ -9,7 +9,7 @@ from disagg.api.spec import DisaggregatedModelSpec, RdmaSpec, Role
 from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
 from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
-from disagg.versions import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
+from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 LAUNCHER: Final = ["disagg-engine", "launch", "--"]
@@ -18,11 +18,11 @@ STARTUP_BUDGET_SECONDS: Final = 1800
 """Model download and load can take many minutes; the startup probe waits this long."""
 
 
-def engine_image(spec: DisaggregatedModelSpec) -> str:
+def engine_image(spec: DisaggregatedModelSpec, images: DataPlaneImages = DEFAULT_IMAGES) -> str:
     """The engine image in force (the bundled one of the backend unless overridden)."""
     if spec.engine.image:
         return spec.engine.image
-    return DEFAULT_VLLM_IMAGE if spec.engine.backend == "vllm" else DEFAULT_SGLANG_IMAGE
+    return images.vllm if spec.engine.backend == "vllm" else images.sglang
 
 
 def pool_replicas(ctx: RenderContext, role: Role) -> int | None:
@@ -86,11 +86,13 @@ def _volumes(spec: DisaggregatedModelSpec) -> tuple[list[Manifest], list[Manifes
     return volumes, mounts
 
 
-def _container(spec: DisaggregatedModelSpec, role: Role, launch: EngineLaunch) -> Manifest:
+def _container(
+    spec: DisaggregatedModelSpec, role: Role, image: str, launch: EngineLaunch
+) -> Manifest:
     drain_seconds = TERMINATION_GRACE_SECONDS - 10
     container: Manifest = {
         "name": "engine",
-        "image": engine_image(spec),
+        "image": image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": LAUNCHER,
         "args": launch.argv,
@@ -138,7 +140,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     pool = spec.pool(role)
     launch = engine_launch(spec, role)
     volumes, mounts = _volumes(spec)
-    container = _container(spec, role, launch)
+    container = _container(spec, role, engine_image(spec, ctx.images), launch)
     container["volumeMounts"] = mounts
     pod_spec: Manifest = {
         "enableServiceLinks": False,
