@@ -49,6 +49,15 @@ VALUES: list[Any] = [
     [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s." * 100 + "s", "key": "k"}}}],
     [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "-c", "key": "k"}}}],
     [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "ok", "key": "bad key"}}}],
+    [{"name": "pull"}], [{"name": "Bad_Pull"}], {"name": "v", "emptyDir": {}},
+    {"name": "v", "secret": {"secretName": "s", "items": [{"key": "k", "path": "a/../b"}]}},
+    {"name": "v", "configMap": {"name": "c"}, "emptyDir": {}},
+    {"name": "v", "persistentVolumeClaim": {"claimName": "pvc", "readOnly": True}},
+    {"name": "v", "mountPath": "/etc/v"}, {"name": "v", "mountPath": "/etc/v", "subPath": ".."},
+    [{"name": "v", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
+    [{"name": "v", "mountPath": "/data"}], "/etc/x", "/dev/shm", "relative/path",
+    [{"key": "k", "path": "..a"}], [{"key": "k", "path": "/abs"}],
+    {"team": "a"}, {"disagg.dev/role": "x"}, {"Example.com/x": "y"}, "nvidia", "sa-1",
 ]  # fmt: skip
 PLAUSIBLE: list[Any] = [
     1, 2, 4, 8, 16, 100, True, False, "2s", "500ms", "40ms", "3m", "16Gi", "8", "inference",
@@ -86,7 +95,12 @@ OPTIONAL_PATHS = [
     "metadata.labels", "metadata.labels.team", "metadata.annotations",
     "metadata.annotations.note", "metadata.finalizers", "metadata.bogus", "status",
     "status.replicas", "status.bogus", "status.conditions", "status.conditions.0.bogus",
-    "status.conditions.0.type",
+    "status.conditions.0.type", "spec.imagePullSecrets", "spec.decode.pod",
+    "spec.decode.pod.labels", "spec.decode.pod.annotations", "spec.decode.pod.volumes",
+    "spec.decode.pod.volumeMounts", "spec.decode.pod.serviceAccountName",
+    "spec.decode.pod.runtimeClassName", "spec.prefill.pod.volumes.0",
+    "spec.prefill.pod.volumeMounts.0", "spec.prefill.pod.volumeMounts.0.mountPath",
+    "spec.prefill.pod.volumes.0.secret.items",
 ]  # fmt: skip
 
 
@@ -225,6 +239,24 @@ CLASSES: dict[str, list[tuple[str, Any]]] = {
         ("metadata.annotations", {"Example.com/Owner": "free text"}),
         ("metadata.finalizers", ["Bad Name"]), ("metadata.finalizers", ["foo"]),
         ("metadata.bogus", 1),
+    ],
+    "pod settings": [
+        ("spec.decode.pod", {
+            "serviceAccountName": "weights", "runtimeClassName": "nvidia",
+            "labels": {"team": "a"}, "annotations": {"Example.com/Owner": "x y"},
+            "volumes": [{"name": "ca", "secret": {"secretName": "ca",
+                                                  "items": [{"key": "ca.crt", "path": "c/ca.crt"}]}},
+                        {"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "d"}}],
+            "volumeMounts": [{"name": "ca", "mountPath": "/etc/ca", "readOnly": True},
+                             {"name": "data", "mountPath": "/data", "subPath": "..x"}]}),
+        ("spec.imagePullSecrets", [{"name": "mirror-pull"}]),
+        ("spec.imagePullSecrets", [{"name": "Bad_Pull"}]),
+        ("spec.decode.pod", {"volumes": [{"name": "v", "emptyDir": {}}],
+                             "volumeMounts": [{"name": "v", "mountPath": "/v", "subPath": ".."}]}),
+        ("spec.decode.pod", {"labels": {"disagg.dev/role": "prefill"}}),
+        ("spec.decode.pod", {"volumes": [{"name": "v", "secret": {"secretName": "s",
+                             "items": [{"key": "k", "path": "/abs"}]}}]}),
     ],
     "status": [
         ("status", {"bogus": 1}), ("status", {"conditions": [{"type": "Ready", "bogus": 1}]}),

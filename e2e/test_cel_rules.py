@@ -294,6 +294,33 @@ def _all_rules() -> list[Rule]:
     return rules
 
 
+def _pod(settings: dict[str, Any]) -> dict[str, Any]:
+    return {"decode": {"pod": settings}}
+
+
+_EMPTY = {"name": "v", "emptyDir": {}}
+BROKEN += [
+    ("pod.labels: each key must be a label key", _pod({"labels": {"bad key": "x"}})),
+    ("pod.annotations: each key must be a qualified name", _pod({"annotations": {"a b": "x"}})),
+    ("are the operator's", _pod({"labels": {"disagg.dev/role": "x"}})),
+    ("set exactly one of secret, configMap", _pod({"volumes": [{"name": "v"}]})),
+    ("volumes: the names dshm", _pod({"volumes": [{"name": "dshm", "emptyDir": {}}]})),
+    ("pod.volumes: each name once", _pod({"volumes": [_EMPTY, _EMPTY]})),
+    (
+        "pod.volumeMounts: each names one of pod.volumes",
+        _pod({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}),
+    ),
+    (
+        "pod.volumeMounts: each mountPath once",
+        _pod({"volumes": [_EMPTY], "volumeMounts": [{"name": "v", "mountPath": "/v"}] * 2}),
+    ),
+    (
+        "and below are the operator's",
+        _pod({"volumes": [_EMPTY], "volumeMounts": [{"name": "v", "mountPath": "/cache/x"}]}),
+    ),
+]
+
+
 def test_every_rule_has_a_case_here() -> None:
     covered = {fragment for fragment, _ in BROKEN}
     for rule in _all_rules():

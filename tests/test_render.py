@@ -483,3 +483,41 @@ def test_render_refuses_a_registry_or_tag_no_image_can_have(
     path = str(EXAMPLES / "minimal.yaml")
     assert main(["render", "-f", path, *flags]) == 1
     assert expected in capsys.readouterr().err
+
+
+def test_pod_settings_reach_the_pool_pods_beside_what_the_operator_sets() -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["imagePullSecrets"] = [{"name": "mirror-pull"}]
+    manifest["spec"]["decode"] = {
+        "pod": {
+            "serviceAccountName": "weights-reader",
+            "automountServiceAccountToken": True,
+            "runtimeClassName": "nvidia",
+            "labels": {"team": "search"},
+            "annotations": {"example.com/cost-center": "42"},
+            "volumes": [
+                {"name": "certs", "secret": {"secretName": "corp-ca"}},
+                {"name": "scratch", "emptyDir": {"sizeLimit": "10Gi"}},
+            ],
+            "volumeMounts": [{"name": "certs", "mountPath": "/etc/corp-ca", "readOnly": True}],
+        }
+    }
+    objects = render_all(RenderContext(parse_model(manifest)))
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"] for d in objects if d["kind"] == "Deployment"
+    }
+    decode = pods["qwen-small-decode"]
+    assert decode["metadata"]["labels"]["team"] == "search"
+    assert decode["metadata"]["labels"]["disagg.dev/role"] == "decode"
+    assert decode["metadata"]["annotations"]["example.com/cost-center"] == "42"
+    spec = decode["spec"]
+    assert spec["serviceAccountName"] == "weights-reader"
+    assert spec["automountServiceAccountToken"] is True and spec["runtimeClassName"] == "nvidia"
+    assert [v["name"] for v in spec["volumes"]] == ["dshm", "cache", "certs", "scratch"]
+    mounts = spec["containers"][0]["volumeMounts"]
+    assert {"name": "certs", "mountPath": "/etc/corp-ca", "readOnly": True} in mounts
+    # Every pod of the model pulls with the secret; the prefill pool keeps its defaults.
+    for name, template in pods.items():
+        assert template["spec"]["imagePullSecrets"] == [{"name": "mirror-pull"}], name
+    prefill = pods["qwen-small-prefill"]["spec"]
+    assert prefill["automountServiceAccountToken"] is False and "serviceAccountName" not in prefill

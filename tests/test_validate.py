@@ -627,3 +627,33 @@ def test_a_namespace_the_api_server_would_refuse_is_refused(
         assert code == 1 and fragment in output, output
     model["metadata"]["namespace"] = "team-a"
     assert _run(tmp_path, model, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        ({"labels": {"disagg.dev/role": "x"}}, "are the operator's"),
+        ({"annotations": {"app.kubernetes.io/name": "x"}}, "are the operator's"),
+        ({"labels": {"bad key!": "x"}}, "pod.labels: each key must be a label key"),
+        ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "are the operator's"),
+        ({"volumes": [{"name": "a"}]}, "set exactly one of secret, configMap"),
+        ({"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]},
+         "pod.volumes: each name once"),
+        ({"volumeMounts": [{"name": "a", "mountPath": "/a"}]}, "each names one of pod.volumes"),
+        ({"volumes": [{"name": "a", "emptyDir": {}}],
+          "volumeMounts": [{"name": "a", "mountPath": "/dev/shm/x"}]}, "are the operator's"),
+        ({"volumes": [{"name": "a", "secret": {"secretName": "s",
+                                               "items": [{"key": "k", "path": "../k"}]}}]},
+         "items[0].path"),
+        ({"volumes": [{"name": "a", "emptyDir": {}}],
+          "volumeMounts": [{"name": "a", "mountPath": "relative"}]}, "mountPath"),
+        ({"runtimeClassName": "Bad_Class"}, "runtimeClassName"),
+        ({"serviceAccountName": "-sa"}, "serviceAccountName"),
+    ],
+)  # fmt: skip
+def test_pod_settings_the_api_server_would_refuse_or_that_collide_with_the_operators(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pod: dict[str, Any], expected: str
+) -> None:
+    manifest = _with(load_example("minimal"), "spec.decode.pod", pod)
+    code, output = _run(tmp_path, manifest, capsys)
+    assert code == 1 and expected in output, output

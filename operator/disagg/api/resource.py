@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from disagg.api.container import CONTAINER_PATTERN_MEANINGS
 from disagg.api.metadata import Metadata
+from disagg.api.pod import POD_PATTERN_MEANINGS
 from disagg.api.scheduling import SCHEDULING_PATTERN_MEANINGS
 from disagg.api.schema import model_schema
 from disagg.api.spec import DisaggregatedModelSpec
@@ -64,7 +65,11 @@ def _camel_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-PATTERN_MEANINGS = {**SCHEDULING_PATTERN_MEANINGS, **CONTAINER_PATTERN_MEANINGS}
+PATTERN_MEANINGS = {
+    **SCHEDULING_PATTERN_MEANINGS,
+    **CONTAINER_PATTERN_MEANINGS,
+    **POD_PATTERN_MEANINGS,
+}
 """What each pattern means, for error messages (the regular expression is not a message)."""
 
 

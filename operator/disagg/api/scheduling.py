@@ -52,13 +52,17 @@ def label_key_ok(key: str) -> bool:
     return bool(key) and re.fullmatch(QUALIFIED_NAME, key) is not None and prefix_fits(key)
 
 
-def label_keys_rule(field: str, attribute: str, message: str) -> Rule:
-    """A rule that every key of the map ``field`` (``attribute`` in Python) is a label key."""
+def label_keys_rule(field: str, attribute: str, message: str, lowered: bool = False) -> Rule:
+    """A rule that every key of the map ``field`` (``attribute`` in Python) is a label key;
+    ``lowered``: once lowercased, as the API server judges annotation keys."""
+    key = "k.lowerAscii()" if lowered else "k"
     return Rule(
         cel=f"!has(self.{field}) || self.{field}.all(k, k != '' && "
-        f"k.matches(r'{QUALIFIED_NAME}') && (!k.contains('/') || k.indexOf('/') <= 253))",
+        f"{key}.matches(r'{QUALIFIED_NAME}') && (!k.contains('/') || k.indexOf('/') <= 253))",
         message=message,
-        check=lambda m: all(label_key_ok(k) for k in getattr(m, attribute)),
+        check=lambda m: all(
+            label_key_ok(k.lower() if lowered else k) for k in getattr(m, attribute)
+        ),
         field_path=f".{field}",
     )
 

@@ -24,6 +24,7 @@ from disagg.api.base import ApiModel
 from disagg.api.container import EnvVar, EnvVarSource, ResourceRequirements
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
+from disagg.api.pod import LocalReference, PodSettings
 from disagg.api.router import LocalPrefillSpec, PrefillOffloadSpec, RouterSpec
 from disagg.api.rules import Rule
 from disagg.api.scheduling import (
@@ -164,6 +165,11 @@ class PoolSpec(ApiModel):
         max_length=128,
         description="Extra environment variables for this pool only.",
     )
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        description="The pool's pods: service account, runtime class, extra labels and "
+        "annotations, and volumes of your own mounted in the engine container.",
+    )
     autoscaling: PoolAutoscaling = Field(
         default_factory=PoolAutoscaling, description="Replica bounds used by the autoscaler."
     )
@@ -251,6 +257,12 @@ class DisaggregatedModelSpec(ApiModel):
         default_factory=NetworkSpec, description="KV-cache transfer networking."
     )
     router: RouterSpec = Field(default_factory=RouterSpec, description="The request router.")
+    image_pull_secrets: list[LocalReference] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets to pull the engine and router images with (a private registry "
+        "or mirror), on every pod of the model.",
+    )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="SLO-driven autoscaling of both pools."
     )

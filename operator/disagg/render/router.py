@@ -147,6 +147,11 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
                         }
                     ],
                     "containers": [container],
+                    **(
+                        {"imagePullSecrets": [{"name": r.name} for r in spec.image_pull_secrets]}
+                        if spec.image_pull_secrets
+                        else {}
+                    ),
                 },
             },
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from disagg.api.base import ApiModel
 from disagg.api.spec import DisaggregatedModelSpec, RdmaSpec, Role
 from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
 from disagg.render.common import Manifest, RenderContext, object_meta
@@ -133,6 +134,12 @@ def _pod_annotations(
     return annotations
 
 
+def _wire(part: ApiModel) -> Manifest:
+    """A part of the spec as the API server takes it (camelCase, unset fields left out)."""
+    wired: Manifest = part.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return wired
+
+
 def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     """The Deployment of one pool."""
     spec = ctx.model.spec
@@ -141,14 +148,21 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
     launch = engine_launch(spec, role)
     volumes, mounts = _volumes(spec)
     container = _container(spec, role, engine_image(spec, ctx.images), launch)
-    container["volumeMounts"] = mounts
+    settings = pool.pod
+    container["volumeMounts"] = [*mounts, *(_wire(m) for m in settings.volume_mounts)]
     pod_spec: Manifest = {
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": settings.automount_service_account_token,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "containers": [container],
-        "volumes": volumes,
+        "volumes": [*volumes, *(_wire(v) for v in settings.volumes)],
     }
+    if settings.service_account_name:
+        pod_spec["serviceAccountName"] = settings.service_account_name
+    if settings.runtime_class_name:
+        pod_spec["runtimeClassName"] = settings.runtime_class_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [_wire(s) for s in spec.image_pull_secrets]
     rdma = _rdma(spec, role)
     if rdma is not None and rdma.host_network:
         pod_spec["hostNetwork"] = True
@@ -165,8 +179,8 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         ]
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
-    template_meta: Manifest = {"labels": labels(ctx.name, role)}
-    annotations = _pod_annotations(spec, role, launch)
+    template_meta: Manifest = {"labels": {**settings.labels, **labels(ctx.name, role)}}
+    annotations = {**settings.annotations, **_pod_annotations(spec, role, launch)}
     if annotations:
         template_meta["annotations"] = annotations
     return {
