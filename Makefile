@@ -53,7 +53,7 @@ facts-check: $(STAMP)
 	$(BIN)/python upstream/facts.py --check
 
 crds: $(STAMP)
-	$(BIN)/disagg crds --output-dir crds
+	$(BIN)/disagg crds --output-dir crds --reference docs/reference.md
 	cp crds/disaggregatedmodels.disagg.dev.yaml charts/disagg-operator/files/
 
 images: $(STAMP) system-packages

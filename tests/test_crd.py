@@ -6,6 +6,7 @@ from typing import Any
 
 from conftest import ROOT
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
+from disagg.api.reference import reference_markdown
 from disagg.yamlio import dump
 
 
@@ -25,6 +26,14 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 def _schema() -> dict[str, Any]:
     schema: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return schema
+
+
+def test_the_api_reference_is_generated_from_the_models() -> None:
+    committed = (ROOT / "docs" / "reference.md").read_text()
+    assert committed == reference_markdown(), "docs/reference.md is stale: run `make crds`"
+    for field in ("`spec.autoscaling.sloWindow`", "`spec.decode.pod.volumes[].secret.secretName`"):
+        assert field in committed
+    assert "with the nixl and mooncake connectors" in committed  # a rule, in words
 
 
 def test_committed_crd_matches_the_models() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from disagg import __version__
 from disagg.api.crd import CRD_FILE_NAME, CRD_HEADER, build_crd
+from disagg.api.reference import reference_markdown
 from disagg.demo.run import register as register_demo
 from disagg.devcluster.cli import register as register_dev
 from disagg.diagnose.cli import register as register_diagnose
@@ -50,6 +51,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_crds(args: argparse.Namespace) -> int:
+    if args.reference:
+        Path(args.reference).write_text(reference_markdown(), encoding="utf-8")
+        print(f"wrote {args.reference}")
     text = CRD_HEADER + dump(build_crd())
     if args.output_dir is None:
         sys.stdout.write(text)
@@ -86,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     crds = sub.add_parser("crds", help="print (or write) the generated CRD")
     crds.add_argument("--output-dir", help="write <dir>/" + CRD_FILE_NAME + " instead of stdout")
+    crds.add_argument("--reference", help="also write the API reference (markdown) to this file")
     crds.set_defaults(func=cmd_crds)
 
     register_dev(sub)
