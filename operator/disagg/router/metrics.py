@@ -12,7 +12,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from disagg.perf.buckets import ITL_BUCKETS, TTFT_BUCKETS
 from disagg.router.endpoints import Endpoint
 
-PATHS: Final = ("disaggregated", "skipped", "local-prefill", "fallback", "colocated")
+PATHS: Final = (
+    "disaggregated", "skipped", "local-prefill", "offloaded", "fallback", "colocated", "rejected",
+)  # fmt: skip
+"""The values of ``disagg_router_requests_total``'s ``path`` label (docs/troubleshooting.md
+says what each means)."""
 
 
 class RouterMetrics:
