@@ -7,8 +7,13 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from typing import Any
+
+import yaml
 
 from conftest import ROOT
+from disagg.api.resource import parse_manifest
+from disagg.render import RenderContext, render_all
 
 OPERATOR = ROOT / "operator" / "disagg"
 RUNBOOK = ROOT / "docs" / "troubleshooting.md"
@@ -107,3 +112,26 @@ def test_every_relative_link_in_the_docs_reaches_a_file_and_a_heading() -> None:
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
+
+
+class _NoDuplicates(yaml.SafeLoader):
+    """A loader that refuses a key given twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        repeated = {k for k in keys if keys.count(k) > 1}
+        assert not repeated, f"a key given twice: {sorted(map(str, repeated))}"
+        return super().construct_mapping(node, deep=deep)
+
+
+def test_every_model_in_the_docs_validates_and_renders() -> None:
+    found = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"^```yaml\n(.*?)^```$", page.read_text(), re.M | re.S):
+            document = yaml.load(block, Loader=_NoDuplicates)
+            if not isinstance(document, dict) or document.get("kind") != "DisaggregatedModel":
+                continue
+            found += 1
+            model = parse_manifest(document)
+            assert render_all(RenderContext(model)), page.name
+    assert found >= 1, "no DisaggregatedModel in the docs"
