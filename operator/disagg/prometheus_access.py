@@ -17,6 +17,7 @@ from pathlib import Path
 import requests
 import urllib3
 from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from disagg.api.autoscaling import DEFAULT_PROMETHEUS_URL as DEFAULT_URL
@@ -87,9 +88,24 @@ class PrometheusAccess:
             url=url, session=session, auth=auth, timeout=int(timeout), retry=Retry(total=0)
         )
 
+    def failure(self, url: str, promql: str, error: Exception) -> str:
+        """What a failed query says to the user, the same words at every failure (it lands
+        in status, which must not churn: no object addresses): a TLS handshake, a
+        connection, credentials refused, or a query Prometheus rejected."""
+        if isinstance(error, requests.exceptions.SSLError):
+            return f"TLS with Prometheus at {url} failed: {self.hint(error)}"
+        if isinstance(error, requests.exceptions.RequestException):
+            return f"cannot reach Prometheus at {url} ({type(error).__name__})"
+        status = str(error).removeprefix("HTTP Status Code ").split(" ", 1)[0]
+        if isinstance(error, PrometheusApiClientException) and status in ("401", "403"):
+            return (
+                f"Prometheus at {url} refused the credentials (HTTP {status}): check "
+                "the bearer token or basic auth the operator is given"
+            )
+        return f"Prometheus at {url} rejected {promql!r}: {error}"
+
     def hint(self, error: Exception) -> str:
-        """What went wrong in a TLS handshake that failed, and what to set (the same words
-        at every failure: it lands in status, which must not churn)."""
+        """What went wrong in a TLS handshake that failed, and what to set."""
         text = str(error)
         if "CERTIFICATE_VERIFY_FAILED" in text:
             if self.ca_file:

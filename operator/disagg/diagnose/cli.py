@@ -17,7 +17,7 @@ from typing import Any
 
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.exceptions import RequestException, SSLError
+from requests.exceptions import RequestException
 
 from disagg.api.base import parse_duration
 from disagg.api.resource import KIND, ManifestError, parse_model
@@ -200,12 +200,8 @@ def _client(url: str, access: PrometheusAccess, timeout: float) -> PrometheusCon
 def _ask(url: str, call: Any, promql: str, access: PrometheusAccess) -> Any:
     try:
         return call()
-    except SSLError as error:
-        raise DiagnoseError(f"TLS with Prometheus at {url} failed: {access.hint(error)}") from None
-    except RequestException as error:
-        raise DiagnoseError(f"cannot reach Prometheus at {url} ({type(error).__name__})") from None
-    except (PrometheusApiClientException, ValueError) as error:
-        raise DiagnoseError(f"Prometheus at {url} rejected {promql!r}: {error}") from None
+    except (RequestException, PrometheusApiClientException, ValueError) as error:
+        raise DiagnoseError(access.failure(url, promql, error)) from None
 
 
 def _instant(value: list[dict[str, Any]]) -> float | None:

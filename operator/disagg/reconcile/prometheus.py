@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_api_client.exceptions import PrometheusApiClientException
-from requests.exceptions import RequestException, SSLError
+from requests.exceptions import RequestException
 
 from disagg.autoscale.inputs import clean_buckets
 from disagg.autoscale.policy import Signals
@@ -53,29 +53,8 @@ class PrometheusSource:
     def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(promql, timeout=self._timeout)
-        except SSLError as error:
-            raise MetricsUnavailable(
-                f"TLS with Prometheus at {self.url} failed: {self._access.hint(error)}"
-            ) from error
-        except RequestException as error:
-            # The message must not vary between ticks (no object addresses): it lands in status.
-            raise MetricsUnavailable(
-                f"cannot reach Prometheus at {self.url} ({type(error).__name__})"
-            ) from error
-        except PrometheusApiClientException as error:
-            status = str(error).removeprefix("HTTP Status Code ").split(" ", 1)[0]
-            if status in ("401", "403"):
-                raise MetricsUnavailable(
-                    f"Prometheus at {self.url} refused the credentials (HTTP {status}): check "
-                    "the bearer token or basic auth the operator is given"
-                ) from error
-            raise MetricsUnavailable(
-                f"Prometheus at {self.url} rejected {promql!r}: {error}"
-            ) from error
-        except ValueError as error:
-            raise MetricsUnavailable(
-                f"Prometheus at {self.url} rejected {promql!r}: {error}"
-            ) from error
+        except (RequestException, PrometheusApiClientException, ValueError) as error:
+            raise MetricsUnavailable(self._access.failure(self.url, promql, error)) from error
         return result
 
     async def query(self, promql: str) -> tuple[float | None, float | None]:
