@@ -51,7 +51,7 @@ def test_pinned_versions_agree_everywhere() -> None:
     assert f"lmsysorg/sglang:v{versions.SGLANG_VERSION}" in engine
     assert f'"${{VERSION}}-vllm{versions.VLLM_VERSION}"' in engine
     assert f'"${{VERSION}}-sglang{versions.SGLANG_VERSION}"' in engine
-    assert versions.DEFAULT_VLLM_IMAGE.endswith(f":{versions.VERSION}-vllm{versions.VLLM_VERSION}")
+    assert versions.DEFAULT_IMAGES.vllm.endswith(f":{versions.VERSION}-vllm{versions.VLLM_VERSION}")
     for image in ("operator", "engine", "router"):
         assert f"ARG VERSION={versions.VERSION}" in _dockerfile(image)
     for image in ("operator", "router"):

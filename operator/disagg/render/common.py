@@ -42,6 +42,12 @@ class RenderContext:
         return self.model.metadata.namespace
 
 
+def image_pull_secrets(model: DisaggregatedModel) -> Manifest:
+    """The pod spec's ``imagePullSecrets`` for every pod of the model, or nothing."""
+    names = [{"name": ref.name} for ref in model.spec.image_pull_secrets]
+    return {"imagePullSecrets": names} if names else {}
+
+
 def owner_references(model: DisaggregatedModel) -> list[Manifest]:
     """The controller reference to the model, or none when it has no uid (offline render)."""
     uid = model.metadata.uid

@@ -6,7 +6,7 @@ from typing import Final
 
 from disagg.api.base import parse_duration
 from disagg.naming import child_name, labels, pool_selector, router_service_account, selector_labels
-from disagg.render.common import Manifest, RenderContext, object_meta
+from disagg.render.common import Manifest, RenderContext, image_pull_secrets, object_meta
 
 DRAIN_SECONDS: Final = 60
 """How long a stopping router keeps serving the requests it has (``--drain-timeout``)."""
@@ -147,11 +147,7 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
                         }
                     ],
                     "containers": [container],
-                    **(
-                        {"imagePullSecrets": [{"name": r.name} for r in spec.image_pull_secrets]}
-                        if spec.image_pull_secrets
-                        else {}
-                    ),
+                    **image_pull_secrets(ctx.model),
                 },
             },
         },

@@ -8,7 +8,7 @@ from typing import Any, Final
 from disagg.api.base import ApiModel
 from disagg.api.spec import DisaggregatedModelSpec, RdmaSpec, Role
 from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
-from disagg.render.common import Manifest, RenderContext, object_meta
+from disagg.render.common import Manifest, RenderContext, image_pull_secrets, object_meta
 from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
 from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
@@ -161,8 +161,7 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         pod_spec["serviceAccountName"] = settings.service_account_name
     if settings.runtime_class_name:
         pod_spec["runtimeClassName"] = settings.runtime_class_name
-    if spec.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [_wire(s) for s in spec.image_pull_secrets]
+    pod_spec.update(image_pull_secrets(ctx.model))
     rdma = _rdma(spec, role)
     if rdma is not None and rdma.host_network:
         pod_spec["hostNetwork"] = True
