@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from dataplane import LOG_DIR
+from diagnosis import Prometheus
 from disagg.demo.procs import wait_for
 from disagg.devcluster.layout import free_port
 from disagg.prometheus_access import PrometheusAccess
@@ -114,11 +115,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         wait_for("Prometheus to serve over TLS", ready, timeout=30)
         yield Secured(url, access, root)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        Prometheus(url, process).stop()
 
 
 def _query(url: str, access: PrometheusAccess) -> float | None:
