@@ -61,16 +61,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _rows(schema: dict[str, Any], path: str, rules: list[tuple[str, str]]) -> list[str]:
+def _note_rules(schema: dict[str, Any], path: str, rules: list[tuple[str, str]]) -> None:
     for rule in schema.get("x-kubernetes-validations", ()):
         rules.append((path, str(rule.get("message", rule.get("rule", "")))))
+
+
+def _rows(schema: dict[str, Any], path: str, rules: list[tuple[str, str]]) -> list[str]:
+    _note_rules(schema, path, rules)
     rows = []
-    children = schema.get("properties") or {}
     items = schema.get("items") if schema.get("type") == "array" else None
     if items and items.get("properties"):
-        children, path = items["properties"], f"{path}[]"
-        for rule in items.get("x-kubernetes-validations", ()):
-            rules.append((path, str(rule.get("message", rule.get("rule", "")))))
+        # A list of objects: its items' fields, rules and required ones, under path[].
+        schema, path = items, f"{path}[]"
+        _note_rules(schema, path, rules)
+    children = schema.get("properties") or {}
     required = set(schema.get("required", ()))
     for name, child in children.items():
         field = f"{path}.{name}"
