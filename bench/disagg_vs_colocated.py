@@ -18,14 +18,9 @@ import time
 from typing import Any
 
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, model_profile, step_time
-from disagg.plan.search import (
-    Setting,
-    Slo,
-    colocated_goodput,
-    decode_goodput,
-    prefill_goodput,
-)
+from disagg.plan.search import Setting, colocated_goodput, decode_goodput, prefill_goodput
 from disagg.plan.traffic import synthetic
+from disagg.slo import Slo
 
 PROMPTS = (128, 512, 2048, 8192, 16384)
 NETWORK_ORDER = ("nvlink", "ib400", "eth100", "tcp")

@@ -32,12 +32,12 @@ from disagg.perf import NETWORKS, gpu_profile, model_profile
 from disagg.plan.model import Option, PlanRequest
 from disagg.plan.planner import plan
 from disagg.plan.reasons import split_decision
-from disagg.plan.search import Slo
 from disagg.plan.traffic import from_trace
 from disagg.plan.verify import verify
 from disagg.plan.windows import fleet
 from disagg.sim.baselines import Search
 from disagg.sim.scenario import Scenario
+from disagg.slo import Slo
 
 TARGET = 0.99
 MAX_GPU_RATIO = 1.1

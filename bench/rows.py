@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from disagg.sim.results import Result, flaps, latencies, percentile
+from disagg.sim.results import Result, flaps, latencies
 from disagg.sim.scenario import Scenario
+from disagg.slo import percentile
 
 
 def result_row(name: str, scenario: Scenario, result: Result) -> dict[str, Any]:

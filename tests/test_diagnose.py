@@ -16,8 +16,9 @@ from disagg.diagnose.advice import EngineFacts, Traffic, best_budget, next_step
 from disagg.diagnose.cli import _settings
 from disagg.diagnose.report import to_json, to_text
 from disagg.diagnose.series import Step, Timeline, by_role, range_queries, timeline
-from disagg.diagnose.verdict import Slo, diagnose
+from disagg.diagnose.verdict import diagnose
 from disagg.perf import EngineShape, gpu_profile, model_profile
+from disagg.slo import Slo
 
 SLO = Slo(ttft=2.0, tpot=0.05)
 H100_8B = EngineShape(model_profile("llama-3.1-8b"), gpu_profile("h100"))

@@ -17,11 +17,12 @@ from disagg.plan.manifest import to_manifest
 from disagg.plan.model import Option, Plan, PlanRequest
 from disagg.plan.planner import plan
 from disagg.plan.reasons import split_decision
-from disagg.plan.search import Slo, max_rate
+from disagg.plan.search import max_rate
 from disagg.plan.traffic import PlanInputError, from_trace, synthetic
 from disagg.plan.verify import verify
 from disagg.sim.fleet import FleetConfig, simulate
 from disagg.sim.traffic import Request
+from disagg.slo import Slo
 from disagg.yamlio import load_all
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from disagg.demo.load import LoadReport
 from disagg.demo.story import Phase
-from disagg.sim.results import percentile
+from disagg.slo import percentile
 
 
 @dataclass

@@ -17,8 +17,9 @@ from typing import Final, Literal
 
 from disagg.api.spec import DisaggregatedModelSpec
 from disagg.diagnose.series import Timeline
-from disagg.diagnose.verdict import Finding, Slo
+from disagg.diagnose.verdict import Finding
 from disagg.perf.roofline import EngineShape, PrefillChunk, step_time
+from disagg.slo import Slo
 
 Action = Literal["none", "chunk", "disaggregate", "local-prefill", "scale", "collect", "look"]
 BUDGETS: Final = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)

@@ -8,7 +8,8 @@ from typing import Any, Final
 
 from disagg.diagnose.advice import NextStep, Traffic
 from disagg.diagnose.series import Step, Timeline
-from disagg.diagnose.verdict import Finding, Slo
+from disagg.diagnose.verdict import Finding
+from disagg.slo import Slo
 
 SHOWN_SPIKES: Final = 12
 """Correlated windows the text report lists (JSON carries all)."""

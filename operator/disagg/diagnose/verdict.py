@@ -25,6 +25,7 @@ from statistics import median
 from typing import Final, Literal
 
 from disagg.diagnose.series import Step, Timeline
+from disagg.slo import Slo, percentile
 
 Verdict = Literal["interference", "overload", "healthy", "inconclusive", "not-enough-data"]
 MIN_STEPS: Final = 6
@@ -38,12 +39,6 @@ KV_FULL: Final = 0.95
 
 
 @dataclass(frozen=True)
-class Slo:
-    ttft: float
-    tpot: float
-
-
-@dataclass(frozen=True)
 class Finding:
     """A verdict and the numbers behind it."""
 
@@ -54,11 +49,6 @@ class Finding:
     """The steps whose TPOT p99 spiked (the correlated windows, for interference)."""
     overloaded_role: str | None = None
     numbers: dict[str, float | int | None] = field(default_factory=dict)
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
 
 
 def _ms(seconds: float | None) -> str:
@@ -148,7 +138,7 @@ def diagnose(timeline: Timeline | None, slo: Slo) -> Finding:
             numbers={"steps": len(live)},
         )
     tpots = [s.tpot_p99 for s in live if s.tpot_p99 is not None]
-    calm = _quantile(tpots, CALM_QUANTILE)
+    calm = percentile(tpots, CALM_QUANTILE) or 0.0
     overload = _overload(timeline, live, calm, slo)
     if overload is not None:
         return overload

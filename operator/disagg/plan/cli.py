@@ -23,11 +23,11 @@ from disagg.perf.roofline import EngineShape
 from disagg.plan.manifest import to_manifest
 from disagg.plan.model import Option, Plan, PlanRequest
 from disagg.plan.planner import plan
-from disagg.plan.search import Slo
 from disagg.plan.traffic import LENGTH_SPREAD, PlanInputError, Traffic, from_trace, synthetic
 from disagg.plan.verify import verify
 from disagg.plan.windows import WINDOW
 from disagg.sim.traffic import load_trace
+from disagg.slo import Slo
 from disagg.yamlio import dump
 
 

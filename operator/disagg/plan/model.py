@@ -8,12 +8,12 @@ from typing import Final
 
 from disagg.perf.profiles import GpuProfile, ModelProfile
 from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, step_time
-from disagg.plan.search import Slo
 from disagg.plan.sizing import Sizing
 from disagg.plan.traffic import Traffic
 from disagg.plan.windows import WINDOW, Context
 from disagg.sim.fleet import Mode
 from disagg.sim.traffic import Request
+from disagg.slo import Slo
 
 TP_DEGREES: Final = (1, 2, 4, 8)
 BUDGETS: Final = (512, 2048, 8192)

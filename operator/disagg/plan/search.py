@@ -10,7 +10,7 @@ own and replicated to the traffic: ``n = ceil(R / prefill goodput)``.
 
 This is goodput at full load, per engine: what bench/disagg_vs_colocated.py maps across prompt
 lengths and networks. ``disagg plan`` sizes whole deployments on a trace instead
-(:mod:`disagg.plan.sizing`) and shares :class:`Slo` with it.
+(:mod:`disagg.plan.sizing`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from disagg.perf.roofline import EngineShape, NetworkProfile, StepTime, kv_capac
 from disagg.plan.traffic import Traffic
 from disagg.sim.fleet import FleetConfig, simulate
 from disagg.sim.results import Result
+from disagg.slo import Slo
 
 SEARCH_REQUESTS: Final = 300
 MAX_SEARCH_REQUESTS: Final = 2000
@@ -37,20 +38,11 @@ MIN_SAMPLE_SECONDS: Final = 30.0
 DRAIN: Final = 120.0
 
 
-@dataclass(frozen=True)
-class Slo:
-    """Latency targets and the fraction of requests that must meet both."""
-
-    ttft: float
-    tpot: float
-    attainment: float = 0.99
-    """The SLOs are p99s, so 99% of requests by default (DistServe's experiments use 90%)."""
-
-    def met(self, result: Result) -> bool:
-        """Judged on the later half of the arrivals: an overload builds a queue over time,
-        so the first requests of a sample would flatter it."""
-        start = len(result.outcomes) // 2
-        return result.attainment(self.ttft, self.tpot, start)[2] >= self.attainment
+def meets(slo: Slo, result: Result) -> bool:
+    """Judged on the later half of the arrivals: an overload builds a queue over time, so the
+    first requests of a sample would flatter it."""
+    start = len(result.outcomes) // 2
+    return result.attainment(slo.ttft, slo.tpot, start)[2] >= slo.attainment
 
 
 @dataclass(frozen=True)
@@ -69,19 +61,19 @@ class Setting:
 def max_rate(run: Callable[[float], Result], slo: Slo, steps: int, guess: float) -> float:
     """The highest rate (req/s) meeting the SLO: bracket it from ``guess``, then bisect."""
     low = high = max(guess, MIN_RATE)
-    if slo.met(run(high)):
-        while slo.met(run(high := high * 2)):
+    if meets(slo, run(high)):
+        while meets(slo, run(high := high * 2)):
             low = high
             if high > MAX_RATE:
                 return low
     else:
-        while not slo.met(run(low := low / 2)):
+        while not meets(slo, run(low := low / 2)):
             high = low
             if low < MIN_RATE:
                 return 0.0
     for _ in range(steps):
         middle = (low + high) / 2
-        if slo.met(run(middle)):
+        if meets(slo, run(middle)):
             low = middle
         else:
             high = middle

@@ -14,7 +14,8 @@ from typing import Any, Final
 from disagg.plan.model import Plan, PlanRequest
 from disagg.plan.windows import fleet
 from disagg.sim.fleet import simulate
-from disagg.sim.results import latencies, percentile
+from disagg.sim.results import latencies
+from disagg.slo import percentile
 
 AGREEMENT: Final = 0.02
 """Predicted and replayed attainment must agree within two points."""

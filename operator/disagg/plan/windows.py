@@ -31,8 +31,9 @@ from disagg.perf.roofline import (
     transfer_time,
 )
 from disagg.sim.fleet import FleetConfig, Mode, PoolName, pools_of, simulate
-from disagg.sim.results import Outcome, latencies, percentile
+from disagg.sim.results import Outcome, latencies
 from disagg.sim.traffic import Request
+from disagg.slo import percentile
 
 WINDOW: Final = 120.0
 """Seconds per window: the default provisioning delay of a new replica."""

@@ -12,10 +12,10 @@ from disagg.sim.fleet_types import Engine, FleetConfig, PoolName, PoolStats
 from disagg.sim.results import (
     Outcome,
     cumulative_histogram,
-    percentile,
     prefill_phase_times,
     reported_p99,
 )
+from disagg.slo import percentile
 
 
 def pool_stats(

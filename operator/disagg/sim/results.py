@@ -11,6 +11,7 @@ from typing import Literal
 
 from disagg.autoscale.sizing import quantile
 from disagg.sim.traffic import Request
+from disagg.slo import percentile
 
 
 @dataclass
@@ -84,13 +85,6 @@ def latencies(outcomes: Sequence[Outcome], kind: Literal["ttft", "tpot"]) -> lis
     """Every request's TTFT or TPOT; an unfinished request's is infinite (it missed)."""
     values = (o.ttft if kind == "ttft" else o.tpot for o in outcomes)
     return [math.inf if v is None else v for v in values]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def length_stats(lengths: Sequence[int]) -> tuple[float, int]:

@@ -25,7 +25,7 @@ from disagg.sim.fleet_policies import (
     ThresholdPolicy,
     ThroughputPlannerPolicy,
 )
-from disagg.sim.results import Outcome, Result, latencies, percentile
+from disagg.sim.results import Outcome, Result, latencies
 from disagg.sim.traffic import (
     WORKLOADS,
     RateShape,
@@ -36,6 +36,7 @@ from disagg.sim.traffic import (
     steady,
     step,
 )
+from disagg.slo import percentile
 
 POLICIES: Final = ("ours", "static", "threshold", "dynamo")
 ROUTER: Final = RouterSpec()
