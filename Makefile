@@ -19,12 +19,12 @@ help:
 	@echo "make manifests - regenerate manifests/install.yaml, the Argo CD health patch, the chart schema and README"
 	@echo "make facts  - regenerate upstream/facts.json from the pinned vLLM and SGLang releases"
 
-# The dev venv takes the images' exact versions (router.lock is the larger set), so the tests
-# run what the images ship; `make lock` writes the locks back from it after an upgrade.
-$(STAMP): pyproject.toml engine/pyproject.toml images/router.lock
+# The dev venv takes the images' exact versions (both locks: the router's adds the tokenizer),
+# so the tests run what the images ship; `make lock` writes the locks back after an upgrade.
+$(STAMP): pyproject.toml engine/pyproject.toml images/operator.lock images/router.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c images/router.lock -e ./engine -e '.[dev]'
+	$(BIN)/pip install --quiet -c images/operator.lock -c images/router.lock -e ./engine -e '.[dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

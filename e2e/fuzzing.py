@@ -27,7 +27,8 @@ import yaml
 
 from disagg.api.resource import ManifestError, parse_manifest, parse_model
 from disagg.demo.procs import Kube
-from disagg.kube.client import KubeClient, KubeError, load_credentials
+from disagg.kube.client import KubeClient, KubeError
+from disagg.kube.credentials import load_credentials
 from disagg.render import RenderContext, render_all
 
 ROOT = Path(__file__).resolve().parent.parent

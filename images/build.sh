@@ -43,7 +43,7 @@ inputs_key() {
 entrypoint_of() {
   case "$1" in
     operator) echo '["disagg"]|["run"]' ;;
-    router) echo '["disagg","router"]|[]' ;;
+    router) echo '["disagg-router"]|[]' ;;
     *) echo "images: unknown image $1 (operator, router or engine-standin)" >&2; exit 2 ;;
   esac
 }
@@ -88,7 +88,10 @@ build() {
     echo "images: fetching the locked wheels failed; see $dir/wheels.log" >&2
     exit 1
   }
-  "$python" -m pip wheel --quiet --no-deps --no-build-isolation "$root/engine" "$root" \
+  # The router imports nothing of the engine launcher, so its image leaves it out.
+  local own=("$root")
+  [[ "$image" == router ]] || own=("$root/engine" "$root")
+  "$python" -m pip wheel --quiet --no-deps --no-build-isolation "${own[@]}" \
     -w "$work/wheels" 2>>"$dir/wheels.log"
   # A Debian base with only the Essential set, Python and CA certificates; docs and man pages
   # left out. pip runs inside the new root (Debian's pip installs into /usr/local), so the

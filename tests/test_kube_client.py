@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from disagg.kube.client import Credentials, KubeClient, KubeError, KubeUnreachable
+from disagg.kube.client import KubeClient, KubeError, KubeUnreachable
+from disagg.kube.credentials import Credentials
 
 Seen = list[tuple[str, str, dict[str, str], dict[str, str], bytes]]
 

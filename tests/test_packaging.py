@@ -78,6 +78,86 @@ def test_image_entrypoints_exist_and_run(argv: list[str]) -> None:
     assert "usage: disagg" in result.stdout
 
 
+def _third_party_imports(start: str) -> set[str]:
+    """Top-level names of the non-stdlib packages that ``start`` (a package or module of
+    disagg) imports, directly or through other disagg modules, anywhere in their code."""
+    import grimp
+
+    graph = grimp.build_graph("disagg", include_external_packages=True)
+    pending = [m for m in graph.modules if m == start or m.startswith(start + ".")]
+    seen: set[str] = set()
+    while pending:
+        module = pending.pop()
+        if module not in seen:
+            seen.add(module)
+            pending.extend(graph.find_modules_directly_imported_by(module))
+    roots = {m.split(".")[0] for m in seen}
+    return {r for r in roots if r != "disagg" and r not in sys.stdlib_module_names}
+
+
+def _distributions(imports: set[str]) -> set[str]:
+    from importlib.metadata import packages_distributions
+
+    from packaging.utils import canonicalize_name
+
+    owners = packages_distributions()
+    missing = sorted(name for name in imports if name not in owners)
+    assert not missing, f"imported but installed by no distribution: {missing}"
+    return {canonicalize_name(owners[name][0]) for name in imports}
+
+
+def _declared(*texts: str) -> set[str]:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(Requirement(text).name) for text in texts}
+
+
+OPTIONAL_IMPORTS = {"kubernetes"}
+"""Imported only to read a kubeconfig (disagg.kube.credentials, guarded): a router in a pod
+reads its service account instead, so its image has no Kubernetes client."""
+
+
+def test_the_router_extra_is_exactly_what_the_router_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    imported = _distributions(_third_party_imports("disagg.router") - OPTIONAL_IMPORTS)
+    assert imported == _declared(*project["optional-dependencies"]["router"])
+    assert "disagg_engine" not in _third_party_imports("disagg.router")
+
+
+def test_every_third_party_import_is_declared() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    runtime = [*project["dependencies"], *extras["tokenizer"], *extras["tools"], *extras["router"]]
+    imported = _distributions(_third_party_imports("disagg"))
+    assert imported - _declared(*runtime) == set()
+
+
+def test_the_router_runs_without_the_operators_dependencies(tmp_path: Path) -> None:
+    # What its image lacks is made unimportable; it still parses its flags and, as in a pod,
+    # finds the API server from its service account.
+    (tmp_path / "token").write_text("t")
+    (tmp_path / "ca.crt").write_text("")
+    script = f"""
+import sys
+for name in ("kubernetes", "kopf", "prometheus_api_client", "pydantic", "httpx", "disagg_engine"):
+    sys.modules[name] = None
+from pathlib import Path
+from disagg.kube.credentials import load_credentials
+from disagg.router.cli import main
+creds = load_credentials(None, {{"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+    "KUBERNETES_SERVICE_PORT": "443"}}, Path({str(tmp_path)!r}))
+print(creds.host)
+main(["--help"])
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "https://10.0.0.1:443" in result.stdout
+    assert "usage: disagg-router" in result.stdout
+
+
 def test_the_engine_distribution_is_versioned_with_the_project() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     engine = tomllib.loads((ROOT / "engine" / "pyproject.toml").read_text())["project"]
@@ -331,9 +411,11 @@ def test_every_locked_version_is_inside_the_declared_ranges(image: str) -> None:
     lines = (ROOT / "images" / f"{image}.lock").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = list(project["dependencies"])
-    if image == "router":
-        declared += project["optional-dependencies"]["tokenizer"]
+    declared = (
+        project["optional-dependencies"]["router"]
+        if image == "router"
+        else list(project["dependencies"])
+    )
     for text in declared:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)

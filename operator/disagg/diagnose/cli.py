@@ -25,12 +25,15 @@ from disagg.autoscale.queries import prometheus_duration
 from disagg.diagnose.advice import EngineFacts, NextStep, Traffic, next_step
 from disagg.diagnose.report import to_json, to_text
 from disagg.diagnose.series import Series, by_role, range_queries, timeline, traffic_queries
-from disagg.diagnose.verdict import Slo, diagnose
+from disagg.diagnose.verdict import diagnose
+from disagg.kube.client import KubeClient, KubeError
+from disagg.kube.credentials import CredentialsError
 from disagg.model_files import load_models
 from disagg.perf import NETWORKS
 from disagg.perf.profiles import gpu_profile, model_profile
 from disagg.perf.roofline import EngineShape
 from disagg.prometheus_access import AccessError, PrometheusAccess, add_flags, from_args
+from disagg.slo import Slo
 
 MAX_POINTS = 11_000
 """Prometheus refuses a range query of more points than this."""
@@ -109,9 +112,6 @@ def _from_cluster(
 ) -> dict[str, Any] | None:
     """The DisaggregatedModel from the cluster, or None when no cluster is configured; a
     DiagnoseError when the cluster answers no such model, or an explicit one is unreachable."""
-    from kubernetes.config import ConfigException
-
-    from disagg.kube.client import KubeClient, KubeError
 
     async def fetch() -> dict[str, Any] | None:
         client = await KubeClient.connect(kubeconfig)
@@ -122,7 +122,7 @@ def _from_cluster(
 
     try:
         found = asyncio.run(fetch())
-    except (ConfigException, FileNotFoundError, TypeError) as error:
+    except CredentialsError as error:
         if kubeconfig:
             raise DiagnoseError(f"--kubeconfig: {error}") from None
         return None

@@ -1,9 +1,9 @@
 """The operator's only Kubernetes I/O: an async REST client with explicit timeouts.
 
-Credentials come from a kubeconfig or the in-cluster service account (through the official
-client's loaders, run once at startup off the event loop). Every write is counted by kind
-and verb, so the operator's metrics show exactly what it changed, and a test can prove that
-a resync of an unchanged model writes nothing.
+Credentials come from a kubeconfig or the in-cluster service account
+(:mod:`disagg.kube.credentials`, read once at startup off the event loop). Every write is
+counted by kind and verb, so the operator's metrics show exactly what it changed, and a test
+can prove that a resync of an unchanged model writes nothing.
 
 The transport is aiohttp (which kopf already runs on): for the same requests httpx spent
 about eight times the CPU, which on a busy control plane is time the API server loses. A
@@ -18,13 +18,13 @@ import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
 
+from disagg.kube.credentials import Credentials, load_credentials
 from disagg.naming import MANAGER
 
 Obj = dict[str, Any]
@@ -66,56 +66,6 @@ class KubeUnreachable(KubeError):
     def __init__(self, method: str, path: str, error: BaseException) -> None:
         detail = str(error) or type(error).__name__
         super().__init__(0, "Unreachable", f"{method} {path}: {detail}")
-
-
-@dataclass
-class Credentials:
-    """Where the API server is and how to authenticate to it."""
-
-    host: str
-    token: str | None
-    ca_file: str | None
-    cert_file: str | None
-    key_file: str | None
-    verify: bool
-    refresh: Callable[[], str | None] | None = None
-
-
-def load_credentials(kubeconfig: str | None = None) -> Credentials:
-    """Credentials from a kubeconfig (or $KUBECONFIG), else the in-cluster service account."""
-    from kubernetes import client, config  # the loaders only; blocking, called at startup
-
-    cfg = client.Configuration()
-    try:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=cfg, persist_config=False
-        )
-    except (config.ConfigException, FileNotFoundError, TypeError):
-        if kubeconfig:
-            raise
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-
-    def token_of(conf: Any) -> str | None:
-        value = conf.api_key.get("authorization") or conf.api_key.get("BearerToken")
-        if value is None:
-            return None
-        return str(value).removeprefix("Bearer ").strip()
-
-    def refresh() -> str | None:
-        hook = cfg.refresh_api_key_hook
-        if hook is not None:
-            hook(cfg)
-        return token_of(cfg)
-
-    return Credentials(
-        host=cfg.host.rstrip("/"),
-        token=token_of(cfg),
-        ca_file=cfg.ssl_ca_cert,
-        cert_file=cfg.cert_file,
-        key_file=cfg.key_file,
-        verify=bool(cfg.verify_ssl),
-        refresh=refresh if cfg.refresh_api_key_hook is not None else None,
-    )
 
 
 def _ssl_context(creds: Credentials) -> ssl.SSLContext | bool:

@@ -19,7 +19,8 @@ from typing import Any
 import kopf
 from aiohttp import web
 
-from disagg.kube.client import KubeClient, load_credentials
+from disagg.kube.client import KubeClient
+from disagg.kube.credentials import load_credentials
 from disagg.kube.events import EventRecorder
 from disagg.kube.informer import ChildCache
 from disagg.kube.models import ModelStore

@@ -106,7 +106,7 @@ def render_router_deployment(ctx: RenderContext) -> Manifest:
     container: Manifest = {
         "name": "router",
         "image": spec.router.image or ctx.images.router,
-        "command": ["disagg", "router"],
+        "command": ["disagg-router"],
         "args": router_args(ctx),
         "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
         "resources": _resources(ctx),

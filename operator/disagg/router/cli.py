@@ -1,4 +1,6 @@
-"""``disagg router``: run the P/D router with static endpoints or Kubernetes discovery."""
+"""``disagg router`` (and ``disagg-router``, the router image's entry point, which needs only
+the router's own dependencies): run the P/D router with static endpoints or Kubernetes
+discovery."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from disagg.kube.client import KubeClient
 from disagg.router.app import build_app
 from disagg.router.deadline import HeaderDeadline
+from disagg.router.discovery import watch_pool
 from disagg.router.endpoints import POLICIES, Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
 from disagg.router.prompt_blocks import DEFAULT_BLOCK_SIZE, TokenizerUnavailable, prompt_reader
@@ -35,7 +40,22 @@ def _url(text: str) -> str:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``disagg router`` to the ``disagg`` parser."""
-    cmd = sub.add_parser("router", help="the OpenAI-compatible P/D router")
+    add_arguments(sub.add_parser("router", help="the OpenAI-compatible P/D router"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``disagg-router``: the same flags as ``disagg router``."""
+    parser = argparse.ArgumentParser(
+        prog="disagg-router", description="the OpenAI-compatible P/D router"
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> None:
+    """Every flag of the router, on ``cmd``."""
     cmd.add_argument("--host", default="0.0.0.0")
     cmd.add_argument("--port", type=int, default=8000)
     cmd.add_argument("--served-model-name", help="the only model name accepted (default: any)")
@@ -240,9 +260,6 @@ async def _serve(args: argparse.Namespace) -> int:
     tasks: list[asyncio.Task[None]] = []
     client = None
     if args.discover:
-        from disagg.kube.client import KubeClient
-        from disagg.router.discovery import watch_pool
-
         client = await KubeClient.connect(args.kubeconfig)
         tasks = [
             asyncio.create_task(watch_pool(client, args.namespace, args.decode_selector, decode))
