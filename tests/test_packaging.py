@@ -95,7 +95,9 @@ def _third_party_imports(start: str) -> set[str]:
     return {r for r in roots if r != "disagg" and r not in sys.stdlib_module_names}
 
 
-def _distributions(imports: set[str]) -> set[str]:
+def _owners(imports: set[str]) -> dict[str, set[str]]:
+    """Each imported name's installed distributions (several for a namespace package such
+    as ``opentelemetry``)."""
     from importlib.metadata import packages_distributions
 
     from packaging.utils import canonicalize_name
@@ -103,7 +105,7 @@ def _distributions(imports: set[str]) -> set[str]:
     owners = packages_distributions()
     missing = sorted(name for name in imports if name not in owners)
     assert not missing, f"imported but installed by no distribution: {missing}"
-    return {canonicalize_name(owners[name][0]) for name in imports}
+    return {name: {canonicalize_name(d) for d in owners[name]} for name in imports}
 
 
 def _declared(*texts: str) -> set[str]:
@@ -118,19 +120,26 @@ OPTIONAL_IMPORTS = {"kubernetes"}
 reads its service account instead, so its image has no Kubernetes client."""
 
 
-def test_the_router_extra_is_exactly_what_the_router_imports() -> None:
+def test_the_router_extras_are_exactly_what_the_router_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    imported = _distributions(_third_party_imports("disagg.router") - OPTIONAL_IMPORTS)
-    assert imported == _declared(*project["optional-dependencies"]["router"])
+    extras = project["optional-dependencies"]
+    declared = _declared(*extras["router"], *extras["tracing"])
+    owners = _owners(_third_party_imports("disagg.router") - OPTIONAL_IMPORTS)
+    undeclared = {name for name, dists in owners.items() if not dists & declared}
+    assert undeclared == set(), "the router imports what its extras do not declare"
+    unused = {d for d in declared if not any(d in dists for dists in owners.values())}
+    assert unused == set(), "the router's extras declare what it never imports"
     assert "disagg_engine" not in _third_party_imports("disagg.router")
 
 
 def test_every_third_party_import_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    runtime = [*project["dependencies"], *extras["tokenizer"], *extras["tools"], *extras["router"]]
-    imported = _distributions(_third_party_imports("disagg"))
-    assert imported - _declared(*runtime) == set()
+    runtime = _declared(
+        *project["dependencies"], *extras["tokenizer"], *extras["tools"], *extras["tracing"]
+    )
+    owners = _owners(_third_party_imports("disagg"))
+    assert {name for name, dists in owners.items() if not dists & runtime} == set()
 
 
 def test_the_router_runs_without_the_operators_dependencies(tmp_path: Path) -> None:
@@ -411,8 +420,9 @@ def test_every_locked_version_is_inside_the_declared_ranges(image: str) -> None:
     lines = (ROOT / "images" / f"{image}.lock").read_text().splitlines()
     pins = dict(line.split("==") for line in lines if line and not line.startswith("#"))
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     declared = (
-        project["optional-dependencies"]["router"]
+        [*extras["router"], *extras["tracing"]]
         if image == "router"
         else list(project["dependencies"])
     )

@@ -521,3 +521,48 @@ def test_pod_settings_reach_the_pool_pods_beside_what_the_operator_sets() -> Non
         assert template["spec"]["imagePullSecrets"] == [{"name": "mirror-pull"}], name
     prefill = pods["qwen-small-prefill"]["spec"]
     assert prefill["automountServiceAccountToken"] is False and "serviceAccountName" not in prefill
+
+
+TRACES = "http://otel-collector.observability:4318/v1/traces"
+
+
+@pytest.mark.parametrize("example", ["minimal", "sglang-mooncake"])
+def test_tracing_reaches_the_router_and_every_engine_over_otlp_http(example: str) -> None:
+    manifest = load_example(example)
+    manifest["spec"]["observability"] = {"tracing": {"endpoint": TRACES, "samplingRatio": 0.25}}
+    objects = _render(manifest)
+    name = manifest["metadata"]["name"]
+    router = _engine(objects, f"{name}-router")["args"]
+    assert _flag(router, "--otlp-endpoint") == TRACES
+    assert _flag(router, "--trace-sampling-ratio") == "0.25"
+    for pool in ("prefill", "decode"):
+        container = _engine(objects, f"{name}-{pool}")
+        args, env = container["args"], _env(container)
+        assert _flag(args, "--otlp-traces-endpoint") == TRACES
+        assert ("--enable-trace" in args) == (example == "sglang-mooncake")
+        assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+        assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+        assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+        assert env["OTEL_SERVICE_NAME"].endswith(f"-{pool}")
+    untraced = _render(load_example(example))
+    assert "--otlp-endpoint" not in _engine(untraced, f"{name}-router")["args"]
+    assert not any(
+        e["name"].startswith("OTEL_") for e in _engine(untraced, f"{name}-decode")["env"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("tracing", "problem"),
+    [
+        ({"endpoint": "otel-collector:4318"}, "endpoint"),
+        ({"endpoint": TRACES, "samplingRatio": 1.5}, "samplingRatio"),
+        ({"samplingRatio": 0.5}, "endpoint"),
+    ],
+)
+def test_a_wrong_tracing_spec_is_refused_naming_the_field(
+    tracing: dict[str, Any], problem: str
+) -> None:
+    manifest = load_example("minimal")
+    manifest["spec"]["observability"] = {"tracing": tracing}
+    with pytest.raises(ValueError, match=problem):
+        parse_model(manifest)

@@ -24,6 +24,7 @@ from disagg.api.base import ApiModel
 from disagg.api.container import EnvVar, EnvVarSource, ResourceRequirements
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
+from disagg.api.observability import ObservabilitySpec
 from disagg.api.pod import LocalReference, PodSettings
 from disagg.api.router import LocalPrefillSpec, PrefillOffloadSpec, RouterSpec
 from disagg.api.rules import Rule
@@ -265,6 +266,10 @@ class DisaggregatedModelSpec(ApiModel):
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="SLO-driven autoscaling of both pools."
+    )
+    observability: ObservabilitySpec = Field(
+        default_factory=ObservabilitySpec,
+        description="Request traces (OpenTelemetry) from the router and the engines.",
     )
 
     rules: ClassVar = (

@@ -47,6 +47,7 @@ PASSED_FLAGS: Final = {
     "--max-running-requests": "--max-num-seqs",
     "--tensor-parallel-size": "--tensor-parallel-size",
     "--tp-size": "--tensor-parallel-size",
+    "--otlp-traces-endpoint": "--otlp-traces-endpoint",
 }
 
 
@@ -117,6 +118,16 @@ def router_argv(pod: dict[str, Any], kubeconfig: str) -> list[str] | None:
         return None
     args = [str(a) for a in containers[0].get("args", [])]
     return ["router", *args, "--host", ip, "--kubeconfig", kubeconfig]
+
+
+def otel_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The container's OpenTelemetry settings (service name, sampler, protocol), which the
+    engine it plays reads from its environment (pure)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    env = (containers or [{}])[0].get("env", [])
+    return {
+        e["name"]: str(e["value"]) for e in env if "value" in e and e["name"].startswith("OTEL_")
+    }
 
 
 def pre_stop_sleep(pod: dict[str, Any]) -> float:
@@ -248,6 +259,7 @@ class PodEmulator:
             "-m",
             "disagg.cli",
             *argv,
+            env={**os.environ, **otel_env(pod)},
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,

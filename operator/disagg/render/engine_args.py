@@ -119,6 +119,9 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
         config = json.dumps(kv_transfer_config(spec, role), separators=(",", ":"), sort_keys=True)
         argv += ["--kv-transfer-config", config]
     argv += ["--disable-access-log-for-endpoints", "/health,/metrics"]
+    tracing = spec.observability.tracing
+    if tracing is not None:
+        argv += ["--otlp-traces-endpoint", tracing.endpoint]
     return argv
 
 
@@ -165,6 +168,9 @@ def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     if hf is not None and hf.revision:
         argv += ["--revision", hf.revision]
     argv += ["--enable-metrics"]
+    tracing = spec.observability.tracing
+    if tracing is not None:
+        argv += ["--enable-trace", "--otlp-traces-endpoint", tracing.endpoint]
     return argv
 
 
@@ -196,6 +202,21 @@ def _transport_env(spec: DisaggregatedModelSpec) -> list[dict[str, Any]]:
     if rdma.gid_index is not None:
         env.append({"name": "UCX_IB_GID_INDEX", "value": str(rdma.gid_index)})
     return env
+
+
+def tracing_env(spec: DisaggregatedModelSpec, service: str) -> list[dict[str, Any]]:
+    """How an engine's (or the router's) OpenTelemetry SDK exports and samples: over
+    OTLP/HTTP (both engines default to gRPC), following the router's sampling decision, and
+    named after the model and its pool. Nothing when tracing is off."""
+    tracing = spec.observability.tracing
+    if tracing is None:
+        return []
+    return [
+        {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"},
+        {"name": "OTEL_SERVICE_NAME", "value": service},
+        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": f"{tracing.sampling_ratio:g}"},
+    ]
 
 
 def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
@@ -251,7 +272,8 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
                 }
             )
     transport = [] if colocated else _transport_env(spec)
-    env = _merge_env(base_env, transport, _user_env(spec.engine.env), _user_env(pool.env))
+    traced = tracing_env(spec, f"{spec.served_name}-{role}")
+    env = _merge_env(base_env, transport, traced, _user_env(spec.engine.env), _user_env(pool.env))
     return EngineLaunch(
         argv=argv, env=env, ports=ports, http_port=port, pod_annotations=annotations
     )

@@ -34,6 +34,7 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--backend", spec.engine.backend,
         "--discover",
         "--namespace", ctx.namespace,
+        *_tracing_args(ctx),
     ]  # fmt: skip
     if (ctx.router_mode or spec.mode) == "colocated":
         return [
@@ -52,6 +53,18 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--drain-timeout", str(DRAIN_SECONDS),
         *_local_prefill_args(ctx),
         *_offload_args(ctx),
+    ]  # fmt: skip
+
+
+def _tracing_args(ctx: RenderContext) -> list[str]:
+    spec = ctx.model.spec
+    tracing = spec.observability.tracing
+    if tracing is None:
+        return []
+    return [
+        "--otlp-endpoint", tracing.endpoint,
+        "--trace-sampling-ratio", f"{tracing.sampling_ratio:g}",
+        "--otlp-service-name", f"{spec.served_name}-router",
     ]  # fmt: skip
 
 

@@ -12,12 +12,13 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from disagg.kube.client import KubeClient
+from disagg.router import tracing
 from disagg.router.app import build_app
 from disagg.router.deadline import HeaderDeadline
 from disagg.router.discovery import watch_pool
@@ -181,6 +182,21 @@ def add_arguments(cmd: argparse.ArgumentParser) -> None:
         default=1024,
         help="open connections to the engines at most (more requests wait for one)",
     )
+    cmd.add_argument(
+        "--otlp-endpoint",
+        type=_url,
+        help="trace requests (OpenTelemetry): the OTLP/HTTP traces URL, e.g. "
+        "http://otel-collector:4318/v1/traces (needs the 'tracing' extra)",
+    )
+    cmd.add_argument(
+        "--trace-sampling-ratio",
+        type=float,
+        default=0.1,
+        help="share of requests traced when they arrive without a sampled traceparent",
+    )
+    cmd.add_argument(
+        "--otlp-service-name", default="disagg-router", help="service.name of the router's spans"
+    )
     cmd.set_defaults(func=cmd_router)
 
 
@@ -223,6 +239,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--offload-wait must be a positive number of seconds, got {args.offload_wait}"
     if args.offload_per_decode < 1:
         return f"--offload-per-decode must be at least 1, got {args.offload_per_decode}"
+    if not 0 <= args.trace_sampling_ratio <= 1:
+        return f"--trace-sampling-ratio must be within 0..1, got {args.trace_sampling_ratio:g}"
     return None
 
 
@@ -331,4 +349,19 @@ def cmd_router(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return asyncio.run(_serve(args))
+    stop_tracing: Callable[[], object] = lambda: None  # noqa: E731
+    if args.otlp_endpoint:
+        attributes = {"disagg.served_model_name": args.served_model_name or ""}
+        if args.namespace:
+            attributes["k8s.namespace.name"] = args.namespace
+        try:
+            stop_tracing = tracing.configure(
+                args.otlp_endpoint, args.trace_sampling_ratio, args.otlp_service_name, attributes
+            )
+        except tracing.TracingUnavailable as problem_:
+            print(f"error: {problem_}", file=sys.stderr)
+            return 2
+    try:
+        return asyncio.run(_serve(args))
+    finally:
+        stop_tracing()  # the spans still batched are sent before the process ends

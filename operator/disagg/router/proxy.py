@@ -22,13 +22,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from disagg.router import protocol
+from disagg.router import protocol, tracing
 from disagg.router.endpoints import Endpoint
 from disagg.router.relay import Answer, UpstreamError, relay
 from disagg.router.sglang import handle_sglang
@@ -69,13 +69,16 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
         started = time.monotonic()
         tokens, served = _prompt_tokens(call), False
         router.backlog.sent(endpoint.url, tokens, started)
-        with router.metrics.track(endpoint, "prefill"):
+        with (
+            router.metrics.track(endpoint, "prefill"),
+            tracing.leg("prefill", endpoint.url) as span,
+        ):
             try:
                 timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
                 async with router.session.post(
                     endpoint.url + call.path,
                     json=protocol.prefill_request(call.body),
-                    headers=call.headers,
+                    headers=tracing.outgoing(call.headers),
                     timeout=timeout,
                 ) as response:
                     raw = await response.read()
@@ -95,6 +98,7 @@ async def _prefill(router: Router, call: Call) -> dict[str, Any] | None:
                 served = True
                 return params
             except (aiohttp.ClientError, TimeoutError, UpstreamError, ValueError) as failure:
+                tracing.failed(span, failure)
                 note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="prefill").inc()
                 log.warning(
@@ -163,16 +167,25 @@ async def _decode(
         tried.add(endpoint.url)
         if params is None and kv_params is not None:
             route = "fallback"
-        with router.metrics.track(endpoint, "decode"), _local_prefill(endpoint, route) as done:
+        handoff = tracing.handoff(call.span, params) if params is not None else None
+        with (
+            router.metrics.track(endpoint, "decode"),
+            _local_prefill(endpoint, route) as done,
+            tracing.leg(
+                "decode", endpoint.url, **{"disagg.kv_handed_over": handoff is not None}
+            ) as span,
+            _until_first_token(call, done, handoff) as first_token,
+        ):
             try:
                 upstream = await open_decode(
                     router,
                     endpoint,
                     call.path,
                     protocol.decode_request(call.body, params),
-                    call.headers,
+                    tracing.outgoing(call.headers),
                 )
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
+                tracing.failed(span, failure)
                 note_failure(endpoint, failure)
                 router.metrics.upstream_failures.labels(role="decode").inc()
                 _warn_decode(endpoint, call, failure)
@@ -189,9 +202,10 @@ async def _decode(
                     call.request_id,
                     call.arrival,
                     answer,
-                    done,
+                    first_token,
                 )
             except UpstreamError as failure:
+                tracing.failed(span, failure)
                 router.metrics.upstream_failures.labels(role="decode").inc()
                 _warn_decode(endpoint, call, failure)
                 continue
@@ -199,12 +213,35 @@ async def _decode(
                 upstream.release()
         if answer is not None and answer.text is not None:
             _note_answer(router, endpoint, call, answer.text)
-        router.metrics.requests.labels(path=route, code=str(response.status)).inc()
+        _outcome(router, call, route, response.status, endpoint)
         return response
-    router.metrics.requests.labels(path=route, code="503").inc()
+    _outcome(router, call, route, 503)
     return error_response(
         503, "no decode engine could serve the request", "ServiceUnavailableError"
     )
+
+
+def _outcome(
+    router: Router, call: Call, route: str, status: int, decode: Endpoint | None = None
+) -> None:
+    """Count the request by the path it took, and say it on its span."""
+    router.metrics.requests.labels(path=route, code=str(status)).inc()
+    call.span.set_attribute("disagg.path", route)
+    call.span.set_attribute("http.response.status_code", status)
+    if decode is not None:
+        call.span.set_attribute("disagg.decode_engine", decode.url)
+
+
+@contextlib.contextmanager
+def _until_first_token(
+    call: Call, done: Callable[[], None], handoff: tracing.Span | None
+) -> Iterator[Callable[[], None]]:
+    """What the relay calls at the first token (``done`` frees a local-prefill slot); an
+    attempt that fails before it ends the KV hand-off span there."""
+    try:
+        yield tracing.at_first_token(call.span, call.arrival, handoff, done)
+    finally:
+        tracing.end(handoff)
 
 
 def _local_prefill(
@@ -222,6 +259,7 @@ async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.S
     if call.prompt is not None:
         preferred = picker.pick(router.decode, call.prefix, None, call.prompt)
         held = picker.held(router.decode, preferred, call.prompt) if preferred else 0
+        call.span.set_attribute("disagg.cached_tokens", held * router.prompts.block_size)
         route = decode_alone(
             call.prompt, held, router.prompts.block_size, config.pd_threshold, config.local_prefill
         )
@@ -242,7 +280,7 @@ async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.S
             try:
                 kv_params = await _prefill(router, call)
             except EngineRejected as rejected:
-                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+                _outcome(router, call, "rejected", rejected.status)
                 return rejected.response({"X-Request-Id": call.request_id})
             if kv_params is not None:
                 route = "disaggregated"
@@ -276,13 +314,26 @@ async def handle(request: web.Request, kind: str, path: str) -> web.StreamRespon
     headers = {k: request.headers[k] for k in PASSED_HEADERS if k in request.headers}
     headers["X-Request-Id"] = request_id
     prompt = router.prompts.read(body) if router.picker.cache_aware else None
-    call = Call(path, body, headers, request_id, arrival, _prompt_prefix(body), prompt)
-    if router.config.colocated:
-        preferred = router.picker.pick(router.decode, call.prefix, None, call.prompt)
-        return await _decode(request, router, call, None, "colocated", preferred)
-    if router.config.backend == "sglang":
-        return await handle_sglang(request, router, call)
-    return await _serve_vllm(request, router, call)
+    with tracing.TRACER.start_as_current_span(
+        f"POST {path}",
+        context=tracing.incoming(request.headers),
+        kind=tracing.SpanKind.SERVER,
+        attributes={
+            "disagg.model": str(body.get("model", "")),
+            "disagg.request_id": request_id,
+            "disagg.prompt_tokens": prompt.tokens if prompt else estimate_tokens(body),
+            "disagg.stream": bool(body.get("stream")),
+        },
+    ) as span:
+        call = Call(
+            path, body, headers, request_id, arrival, _prompt_prefix(body), prompt, span=span
+        )
+        if router.config.colocated:
+            preferred = router.picker.pick(router.decode, call.prefix, None, call.prompt)
+            return await _decode(request, router, call, None, "colocated", preferred)
+        if router.config.backend == "sglang":
+            return await handle_sglang(request, router, call)
+        return await _serve_vllm(request, router, call)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from disagg.router import protocol
+from disagg.router import protocol, tracing
 from disagg.router.relay import UpstreamError, relay
 from disagg.router.state import (
     RETRIABLE_CLIENT_ERRORS,
@@ -42,13 +42,16 @@ async def _drain_prefill(
 ) -> None:
     assert router.session is not None
     timeout = aiohttp.ClientTimeout(total=router.config.prefill_timeout)
-    async with router.session.post(url, json=body, headers=headers, timeout=timeout) as response:
-        raw = await response.read()
-        if 400 <= response.status < 500 and response.status not in RETRIABLE_CLIENT_ERRORS:
-            ctype = response.headers.get("Content-Type", "application/json")
-            raise EngineRejected(response.status, raw, ctype)
-        if response.status >= 400:
-            raise UpstreamError(f"prefill HTTP {response.status}")
+    with tracing.leg("prefill", url):
+        async with router.session.post(
+            url, json=body, headers=tracing.outgoing(headers), timeout=timeout
+        ) as response:
+            raw = await response.read()
+            if 400 <= response.status < 500 and response.status not in RETRIABLE_CLIENT_ERRORS:
+                ctype = response.headers.get("Content-Type", "application/json")
+                raise EngineRejected(response.status, raw, ctype)
+            if response.status >= 400:
+                raise UpstreamError(f"prefill HTTP {response.status}")
 
 
 def _failed(task: asyncio.Task[None]) -> bool:
@@ -84,17 +87,31 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
         paired = protocol.sglang_request(
             body, prefill.host, prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT, room
         )
-        with router.metrics.track(prefill, "prefill"), router.metrics.track(decode, "decode"):
-            prefill_task = asyncio.create_task(
-                _drain_prefill(router, prefill.url + path, paired, headers)
+        handoff = tracing.handoff(
+            call.span, {"remote_host": prefill.host, "remote_port": paired["bootstrap_port"]}
+        )
+        prefill_task = asyncio.create_task(
+            _drain_prefill(router, prefill.url + path, paired, headers)
+        )
+        with (
+            router.metrics.track(prefill, "prefill"),
+            router.metrics.track(decode, "decode"),
+            tracing.leg("decode", decode.url, **{"disagg.kv_handed_over": True}) as span,
+        ):
+            decode_task = asyncio.create_task(
+                open_decode(router, decode, path, paired, tracing.outgoing(headers))
             )
-            decode_task = asyncio.create_task(open_decode(router, decode, path, paired, headers))
+
             try:
                 upstream = await _decode_unless_prefill_fails(prefill_task, decode_task)
             except EngineRejected as rejected:
+                tracing.end(handoff)
+                call.span.set_attribute("disagg.path", "rejected")
                 router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
                 return rejected.response({"X-Request-Id": request_id})
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
+                tracing.end(handoff)
+                tracing.failed(span, failure)
                 for task in (prefill_task, decode_task):
                     task.cancel()
                     with contextlib.suppress(BaseException):
@@ -119,15 +136,24 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
                     "disaggregated",
                     request_id,
                     call.arrival,
+                    first_token=tracing.at_first_token(
+                        call.span, call.arrival, handoff, lambda: None
+                    ),
                 )
             finally:
+                tracing.end(handoff)
                 upstream.release()
                 if not prefill_task.done():
                     prefill_task.cancel()
                 with contextlib.suppress(BaseException):
                     await prefill_task
         router.metrics.requests.labels(path="disaggregated", code=str(response.status)).inc()
+        call.span.set_attribute("disagg.path", "disaggregated")
+        call.span.set_attribute("disagg.decode_engine", decode.url)
+        call.span.set_attribute("http.response.status_code", response.status)
         return response
+    call.span.set_attribute("disagg.path", "disaggregated")
+    call.span.set_attribute("http.response.status_code", 503)
     router.metrics.requests.labels(path="disaggregated", code="503").inc()
     return error_response(
         503, "no prefill/decode pair could serve the request", "ServiceUnavailableError"

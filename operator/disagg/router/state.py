@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from disagg.router.endpoints import Endpoint, Picker, Pool
 from disagg.router.metrics import RouterMetrics
@@ -88,6 +89,8 @@ class Call:
     """The prompt's start, for prefix affinity."""
     prompt: Prompt | None
     """Token count and block hashes, for cache-aware routing (None under other policies)."""
+    span: Span = INVALID_SPAN
+    """The request's span (:mod:`disagg.router.tracing`; a no-op one when not traced)."""
 
 
 class EngineRejected(Exception):

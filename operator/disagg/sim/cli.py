@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from disagg import otel
 from disagg.perf import NETWORKS, EngineShape, gpu_profile, kv_capacity_tokens, model_profile
 from disagg.perf.engine_buckets import VLLM_FLAG, vllm_custom_buckets
 from disagg.sim.engine import Engine, EngineConfig, Faults
@@ -96,6 +97,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=_histogram_buckets,
         default={},
         help="as vLLM's: JSON mapping a bucket family to its bounds (TTFT and inter-token apply)",
+    )
+    eng.add_argument(
+        "--otlp-traces-endpoint",
+        help="export a span per request (OTLP/HTTP traces URL), as vLLM's flag of that name; "
+        "the service name is $OTEL_SERVICE_NAME's, and requests follow their traceparent's "
+        "sampling decision ($OTEL_TRACES_SAMPLER_ARG for those without one)",
     )
     eng.add_argument("--fault-added-latency-ms", type=float, default=0.0)
     eng.add_argument("--fault-error-rate", type=float, default=0.0)
@@ -190,5 +197,16 @@ def cmd_engine(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    asyncio.run(_serve(args))
+    stop_tracing: Callable[[], object] = lambda: None  # noqa: E731
+    if args.otlp_traces_endpoint:
+        try:
+            ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1"))
+            service = os.environ.get("OTEL_SERVICE_NAME", f"disagg-sim-{args.role}")
+            stop_tracing = otel.configure(args.otlp_traces_endpoint, ratio, service, {})
+        except (otel.TracingUnavailable, ValueError) as problem:
+            raise SystemExit(f"error: {problem}") from None
+    try:
+        asyncio.run(_serve(args))
+    finally:
+        stop_tracing()
     return 0

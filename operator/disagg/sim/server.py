@@ -17,9 +17,12 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from disagg import otel
 from disagg.routing.tokens import estimate_tokens, output_token
 from disagg.sim.answers import full_answer, stream_chunk
 from disagg.sim.engine import Engine
@@ -29,6 +32,7 @@ from disagg.sim.scheduler import SimRequest
 
 log = logging.getLogger("disagg.sim")
 ENGINE_KEY = web.AppKey("engine", Engine)
+TRACER = trace.get_tracer("disagg.sim")
 DEFAULT_MAX_TOKENS = 16
 REQUIRED_DECODE_PARAMS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port")
 
@@ -47,7 +51,20 @@ def _max_tokens(body: dict[str, Any]) -> int | str:
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
+    """One request, in a span under the caller's (a no-op unless tracing is set up)."""
     engine = request.app[ENGINE_KEY]
+    with TRACER.start_as_current_span(
+        "llm_request",
+        context=otel.incoming(request.headers),
+        kind=SpanKind.SERVER,
+        attributes={"disagg.role": engine.config.role, "http.route": request.path},
+    ) as span:
+        response = await _serve(request, kind, engine, span)
+        span.set_attribute("http.response.status_code", response.status)
+        return response
+
+
+async def _serve(request: web.Request, kind: str, engine: Engine, span: Span) -> web.StreamResponse:
     arrival = time.monotonic()
     if engine.faults.crash_after is not None and engine.accepted >= engine.faults.crash_after:
         log.error("Crashing on purpose after %d requests (fault injection)", engine.accepted)
@@ -123,6 +140,15 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
             except KvFetchError as failure:
                 return error(500, f"KV transfer failed: {failure}", "InternalServerError")
             remote_prefill = True
+    span.set_attributes(
+        {
+            "gen_ai.request.id": request_id,
+            "gen_ai.usage.prompt_tokens": prompt_tokens,
+            "disagg.cached_tokens": engine.cached_tokens(blocks) if blocks else 0,
+            "disagg.kv_from_remote": remote_prefill,
+            "disagg.kv_lent": remote_decode,
+        }
+    )
     sim = SimRequest(
         id=internal_id,
         prompt_tokens=prompt_tokens,
