@@ -91,6 +91,23 @@ class SloReport:
     """By SLO: the most of the error budget that remains (a fraction; negative overspent)."""
     holding: bool
     """Metrics could not be read: replicas are held."""
+    targets: Mapping[str, float] = field(default_factory=dict)
+    """By SLO: the target, seconds."""
+    pools: Mapping[str, PoolReport] = field(default_factory=dict)
+    """By scaled pool: its size as this evaluation saw and decided it."""
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """One pool's size, bounds and pressure, as an evaluation saw and decided them."""
+
+    current: int
+    desired: int
+    ready: int
+    min_replicas: int
+    max_replicas: int
+    pressure: float
+    """How far over its SLO the pool is (1.0: at the SLO)."""
 
 
 @dataclass(frozen=True)
@@ -111,14 +128,25 @@ class Evaluation:
     counted: Mapping[PoolName, tuple[float, float, float]] = field(default_factory=dict)
     """What this evaluation counted against each phase's SLO: requests, surely and at most
     missed."""
+    targets: Mapping[PoolName, float] = field(default_factory=dict)
+    """Each phase's SLO, seconds."""
+    sizes: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Each scaled pool's ready replicas and bounds (min, max)."""
 
     def report(self) -> SloReport:
         """What the operator's own metrics export of this evaluation."""
+        pools: dict[str, PoolReport] = {
+            d.pool: PoolReport(d.current, d.desired, *self.sizes[d.pool], d.pressure)
+            for d in self.decisions
+            if d.pool in self.sizes
+        }
         return SloReport(
             window=parse_duration(self.slo_window) if self.slo_window else 0.0,
             counted={SLO_NAMES[p].lower(): counts for p, counts in self.counted.items()},
             remaining={SLO_NAMES[p].lower(): b.remaining for p, b in self.budgets.items()},
             holding=self.unavailable is not None,
+            targets={SLO_NAMES[p].lower(): slo for p, slo in self.targets.items()},
+            pools=pools,
         )
 
     def replicas(self) -> dict[str, int]:
@@ -287,9 +315,18 @@ async def evaluate(
     budgeted = apply_budget(decisions, scoped, model.spec.autoscaling.max_total_gpus)
     budgets = {p: standing(state.memories[p].ledger, now, rules.slo_window) for p in POOLS}
     counted = {phase: d.counted for phase, d in zip(POOLS, per_phase, strict=True)}
+    sizes: dict[str, tuple[int, int, int]] = {
+        pool: (
+            int(deployments[pool].get("status", {}).get("readyReplicas", 0)),
+            policy.min_replicas,
+            policy.max_replicas,
+        )
+        for pool, policy in scoped.items()
+    }
     return Evaluation(
         decisions=tuple(budgeted), signals=signals, at=now, relearning=relearning,
         budgets=budgets, slo_window=model.spec.autoscaling.slo_window, counted=counted,
+        targets={phase: policies[phase].slo for phase in POOLS}, sizes=sizes,
     )  # fmt: skip
 
 

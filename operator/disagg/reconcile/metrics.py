@@ -3,7 +3,9 @@
 Besides its own work (reconciles, API writes, leadership), the operator exports what the
 built-in autoscaler counts of each model's SLOs: the requests each SLO covered and those
 that missed it, as counters, so that burn rates over any window are a PromQL ``rate()``
-away (the chart's PrometheusRule pages on them), the window and the budget remaining.
+away (the chart's PrometheusRule pages on them), the window, the targets and the budget
+remaining; and of each pool it scales, the replicas it decided and those ready, its bounds,
+how far over its SLO it is, and each resize (the chart's dashboards and alerts read them).
 Only the leader evaluates, so only its counters move; summed across replicas they count
 each request once.
 """
@@ -30,6 +32,7 @@ from disagg.reconcile.evaluate import SloReport
 SLO_LABELS: Final = ["model_namespace", "model", "slo"]
 """Not `namespace`: the scrape sets that one to the operator pod's."""
 SLOS: Final = ("ttft", "tpot")
+POOL_LABELS: Final = ["model_namespace", "model", "pool"]
 
 
 class OperatorMetrics:
@@ -38,6 +41,8 @@ class OperatorMetrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series: noise
         self.registry = CollectorRegistry()
+        self._pools: dict[tuple[str, str], set[str]] = {}
+        """The pools each model's series were last exported for."""
         self.reconciles = Counter(
             "disagg_operator_reconcile_total",
             "Reconcile passes by result.",
@@ -100,6 +105,39 @@ class OperatorMetrics:
             registry=self.registry,
         )
 
+        self.slo_target = Gauge(
+            "disagg_slo_target_seconds",
+            "The SLO's p99 target (spec.autoscaling.ttftP99 and tpotP99).",
+            SLO_LABELS,
+            registry=self.registry,
+        )
+        self.pool_replicas = Gauge(
+            "disagg_pool_replicas",
+            "A pool's replicas: desired (what the autoscaler decided at its last evaluation) "
+            "and ready.",
+            [*POOL_LABELS, "state"],
+            registry=self.registry,
+        )
+        self.pool_bounds = Gauge(
+            "disagg_pool_replica_bounds",
+            "A pool's autoscaling bounds (minReplicas, maxReplicas).",
+            [*POOL_LABELS, "bound"],
+            registry=self.registry,
+        )
+        self.pool_pressure = Gauge(
+            "disagg_pool_slo_pressure",
+            "How far a pool is over its SLO at the last evaluation (1: at it), by the p99 its "
+            "engines report or its load gauges, whichever is higher.",
+            POOL_LABELS,
+            registry=self.registry,
+        )
+        self.scalings = Counter(
+            "disagg_autoscaler_scalings",
+            "Resizes the autoscaler decided, by pool and direction.",
+            [*POOL_LABELS, "direction"],
+            registry=self.registry,
+        )
+
     def count_write(self, kind: str, verb: str) -> None:
         self.writes.labels(kind=kind, verb=verb).inc()
 
@@ -114,17 +152,49 @@ class OperatorMetrics:
             self.slo_missed_at_most.labels(namespace, model, slo).inc(at_most)
         for slo, remaining in report.remaining.items():
             self.slo_remaining.labels(namespace, model, slo).set(remaining)
+        for slo, target in report.targets.items():
+            self.slo_target.labels(namespace, model, slo).set(target)
+        for pool, size in report.pools.items():
+            self.pool_replicas.labels(namespace, model, pool, "desired").set(size.desired)
+            self.pool_replicas.labels(namespace, model, pool, "ready").set(size.ready)
+            self.pool_bounds.labels(namespace, model, pool, "min").set(size.min_replicas)
+            self.pool_bounds.labels(namespace, model, pool, "max").set(size.max_replicas)
+            self.pool_pressure.labels(namespace, model, pool).set(size.pressure)
+            if size.desired != size.current:
+                direction = "up" if size.desired > size.current else "down"
+                self.scalings.labels(namespace, model, pool, direction).inc()
+        for gone in self._pools.get((namespace, model), set()) - set(report.pools):
+            self._forget_pool(namespace, model, gone)
+        if report.pools:
+            self._pools[(namespace, model)] = set(report.pools)
 
     def forget_slo(self, namespace: str, model: str) -> None:
-        """Drop a model's SLO series: it is gone, or nothing counts its SLOs any more."""
+        """Drop a model's SLO and pool series: it is gone, or nothing counts its SLOs any
+        more."""
         for metric in (self.holding, self.slo_window):
             with contextlib.suppress(KeyError):
                 metric.remove(namespace, model)
         for slo in SLOS:
             for counted in (self.slo_requests, self.slo_missed, self.slo_missed_at_most,
-                            self.slo_remaining):  # fmt: skip
+                            self.slo_remaining, self.slo_target):  # fmt: skip
                 with contextlib.suppress(KeyError):
                     counted.remove(namespace, model, slo)
+        for pool in self._pools.pop((namespace, model), set()):
+            self._forget_pool(namespace, model, pool)
+
+    def _forget_pool(self, namespace: str, model: str, pool: str) -> None:
+        """A pool that is no longer scaled (a mode switch replaced it, or the model went)."""
+        labelled = [
+            (self.pool_replicas, ("desired", "ready")),
+            (self.pool_bounds, ("min", "max")),
+            (self.scalings, ("up", "down")),
+        ]
+        for metric, values in labelled:
+            for value in values:
+                with contextlib.suppress(KeyError):
+                    metric.remove(namespace, model, pool, value)
+        with contextlib.suppress(KeyError):
+            self.pool_pressure.remove(namespace, model, pool)
 
 
 async def serve(

@@ -275,7 +275,8 @@ class Engine:
     ) -> None:
         """Pull the prompt KV from a prefill engine, less what the prefix cache holds, taking
         the modelled transfer time; the bytes a real engine would move go to vLLM's
-        ``nixl_bytes_transferred`` (a full hit moves none and observes nothing, as there)."""
+        ``nixl_bytes_transferred`` and the modelled time to ``nixl_xfer_time_seconds`` (a full hit
+        moves none and observes nothing, as there)."""
         started = time.monotonic()
         moved = max(0, prompt_tokens - cached_tokens)
         await fetch(host, port, request_id, read_timeout=30.0, cached_tokens=cached_tokens)
@@ -285,6 +286,7 @@ class Engine:
             moved * self.config.shape.kv_bytes_per_token
         )
         modelled = transfer_time(self.config.shape, moved, self.config.network)
+        self.metrics.nixl_xfer_time.labels(**self.metrics.labels).observe(modelled)
         remaining = modelled * self.config.time_scale - (time.monotonic() - started)
         if remaining > 0:
             await asyncio.sleep(remaining)

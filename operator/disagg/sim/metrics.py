@@ -26,6 +26,21 @@ from disagg.perf.buckets import (
 LABELS: Final = ("model_name", "engine")
 NIXL_BYTES_BUCKETS: Final = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 """vLLM's: 2 KiB to 8 GiB, a power of four apart (modelled bytes, not the scaled ones sent)."""
+NIXL_XFER_TIME_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    5.0,
+)
+"""vLLM 0.33's for ``nixl_xfer_time_seconds`` (its list without the first bound, as there)."""
 HOST_LAG_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 FINE_ITL_BUCKETS: Final = (
     *(ms / 1000 for ms in range(1, 31)),
@@ -151,11 +166,19 @@ class EngineMetrics:
             buckets=NIXL_BYTES_BUCKETS,
             registry=r,
         )
+        self.nixl_xfer_time = Histogram(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            LABELS,
+            buckets=NIXL_XFER_TIME_BUCKETS,
+            registry=r,
+        )
         self._prefix_seen = (0, 0)
         for metric in (
             self.prefix_cache_queries,
             self.prefix_cache_hits,
             self.nixl_bytes,
+            self.nixl_xfer_time,
             self.running,
             self.waiting,
             self.kv_usage,
