@@ -247,7 +247,10 @@ async def test_the_operators_metrics_count_each_slos_requests_and_misses() -> No
     )
     # What the dashboards and the at-maximum alert read: the SLOs, and each pool's size.
     assert f"disagg_slo_target_seconds{{{labels}}} 1.0" in text
-    assert f'disagg_slo_target_seconds{{model="{NAME}",model_namespace="{NS}",slo="tpot"}} 0.05' in text
+    assert (
+        f'disagg_slo_target_seconds{{model="{NAME}",model_namespace="{NS}",slo="tpot"}} 0.05'
+        in text
+    )
     pool = f'model="{NAME}",model_namespace="{NS}",pool="prefill"'
     # Over its SLO (1.2 s against 1 s), the prefill pool was ordered a second replica that
     # is not ready yet: the dashboards draw both, and the scale-up as an annotation.
