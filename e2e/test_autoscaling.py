@@ -8,10 +8,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from closedloop import TIME_SCALE, LoadReport, ReplicaRecorder, Stack, drive, stack
 from dataplane import LOG_DIR
+from disagg import dashboards
 from disagg.autoscale.recall import recalled
 from disagg.demo.load import MODEL
 from disagg.naming import RELEARN_ANNOTATION
@@ -60,6 +62,22 @@ def test_long_prompts_scale_prefill_while_decode_stays(loop: Stack) -> None:
     # Once scaled, TTFT at the load generator is back near the 1 s SLO.
     tail = report.ttfts[-30:]
     assert sum(t <= 1.5 * TIME_SCALE for t in tail) / len(tail) > 0.8, tail
+
+
+def test_every_dashboard_query_returns_series_for_the_running_model(loop: Stack) -> None:
+    """Just after the long prompts: each panel's and annotation's query of the chart's
+    dashboard, as Grafana would send it for this model, over the scrapes of its engines, its
+    router and the operator."""
+    empty = []
+    for query in dashboards.queries():
+        filled = dashboards.fill(query, loop.namespace, MODEL, "10m")
+        answer = httpx.get(
+            f"{loop.prom_url}/api/v1/query", params={"query": filled}, timeout=10
+        ).json()
+        assert answer["status"] == "success", (filled, answer)
+        if not answer["data"]["result"]:
+            empty.append(filled)
+    assert empty == [], empty
 
 
 def test_long_outputs_scale_decode_then_quiet_scales_both_down(loop: Stack) -> None:

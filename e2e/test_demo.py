@@ -52,7 +52,8 @@ def test_demo_shows_each_pool_scaling_up_and_down(kube: Kube, tmp_path: Path) ->
     assert diagnoses["llama"]["verdict"] == "healthy", diagnoses
     assert "disagg diagnose --model llama-colocated: interference" in result.stdout
     assert summary["scaling_actions"] >= 4 and summary["gpu_minutes"] > 0
-    png = out / "timeline.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    for name in ("timeline.png", "dashboard.png"):
+        png = out / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     assert "long-prompts" in result.stdout and "GPU-minutes" in result.stdout
     assert "[long-prompts]" in result.stdout, "one status line per interval without a TTY"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from disagg import dashboards
 from disagg.devcluster.layout import cache_dir
 from harness import ROOT, Kube, Operator, condition, example, wait_for
 
@@ -657,3 +658,157 @@ def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Pat
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _rules(tmp_path: Path) -> None:
+    (rule,) = [
+        d
+        for d in _docs(helm("template", "r", str(CHART), "--set",
+                            "metrics.prometheusRule.enabled=true").stdout)
+        if d["kind"] == "PrometheusRule"
+    ]  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+
+
+def _promtool_test(tmp_path: Path, series: list[dict[str, str]], alerts: list[Any]) -> None:
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "tests.yaml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_pool_capped_while_over_its_slo_and_decode_only_fallbacks_alert(tmp_path: Path) -> None:
+    """The pool alert fires only at the maximum and over the SLO; the data-path alert only
+    past 5% of the requests decoded without a KV hand-off. Series are what the operator and
+    the router pods export."""
+    _rules(tmp_path)
+
+    def pool(model: str, desired: int, pressure: float) -> list[dict[str, str]]:
+        labels = f'model_namespace="team-a",model="{model}",pool="prefill"'
+        return [
+            _series(f'disagg_pool_replicas{{{labels},state="desired"}}', f"{desired}x40"),
+            _series(f'disagg_pool_replicas{{{labels},state="ready"}}', f"{desired}x40"),
+            _series(f'disagg_pool_replica_bounds{{{labels},bound="max"}}', "8x40"),
+            _series(f'disagg_pool_replica_bounds{{{labels},bound="min"}}', "1x40"),
+            _series(f"disagg_pool_slo_pressure{{{labels}}}", f"{pressure}x40"),
+        ]
+
+    def router(model: str, fallback_per_minute: int) -> list[dict[str, str]]:
+        labels = f'namespace="team-a",disagg_model="{model}",disagg_role="router"'
+        split = 600 - fallback_per_minute
+        return [
+            _series(f'disagg_router_requests_total{{{labels},path="disaggregated",code="200"}}',
+                    f"0+{split}x40"),
+            _series(f'disagg_router_requests_total{{{labels},path="fallback",code="200"}}',
+                    f"0+{fallback_per_minute}x40"),
+        ]  # fmt: skip
+
+    series = [
+        *pool("capped", 8, 1.4), *pool("growing", 3, 1.4), *pool("enough", 8, 0.7),
+        *router("flaky", 60), *router("healthy", 6),
+    ]  # fmt: skip
+    capped = {
+        "exp_labels": {"severity": "warning", "model_namespace": "team-a", "model": "capped",
+                       "pool": "prefill"},
+        "exp_annotations": {
+            "summary": "team-a/capped: the prefill pool is at its maximum and over its SLO",
+            "description": "The autoscaler wants the prefill pool of DisaggregatedModel "
+            "team-a/capped at its maxReplicas and it is still 1.40x its SLO, for 10 minutes: "
+            "raise spec.prefill.autoscaling.maxReplicas (and autoscaling.maxTotalGpus, if set), "
+            "or see the pool's lastScaleReason for requests that miss at any size.",
+        },
+    }  # fmt: skip
+    flaky = {
+        "exp_labels": {"severity": "warning", "namespace": "team-a", "disagg_model": "flaky"},
+        "exp_annotations": {
+            "summary": "team-a/flaky: requests fall back to decode-only",
+            "description": "10% of the requests to DisaggregatedModel team-a/flaky over 10 "
+            "minutes were decoded without a KV hand-off: a prefill failed or timed out, no "
+            "prefill engine was ready, or the decode engine could not load the KV. Their TTFT "
+            "and every decode step beside them pay for it. See "
+            "disagg_router_upstream_failures_total by role, the engines' logs and "
+            "docs/troubleshooting.md.",
+        },
+    }  # fmt: skip
+    _promtool_test(tmp_path, series, [
+        {"eval_time": "30m", "alertname": "DisaggPoolAtMaximumOverSLO", "exp_alerts": [capped]},
+        {"eval_time": "30m", "alertname": "DisaggKVTransferFallback", "exp_alerts": [flaky]},
+        # Within the `for`, neither has fired yet.
+        {"eval_time": "5m", "alertname": "DisaggPoolAtMaximumOverSLO", "exp_alerts": []},
+        {"eval_time": "5m", "alertname": "DisaggKVTransferFallback", "exp_alerts": []},
+    ])  # fmt: skip
+
+
+def test_every_dashboard_query_parses(tmp_path: Path) -> None:
+    """Each panel's and annotation's PromQL, with Grafana's variables filled in, checked by
+    Debian's promtool as it checks recording rules."""
+    queries = dashboards.queries()
+    assert len(queries) >= 10
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"disagg:dashboard_query_{i}", "expr": dashboards.fill(q, "team-a", "m", "5m")}
+        for i, q in enumerate(queries)
+    ]}]}  # fmt: skip
+    (tmp_path / "queries.yaml").write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(tmp_path / "queries.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+PROMETHEUS_OPERATOR_CRDS = cache_dir() / "crds" / "prometheus-operator"
+
+
+@pytest.fixture
+def prometheus_operator_crds(kube: Kube) -> Iterator[None]:
+    """The Prometheus Operator's CRDs (from its Go module, e2e/cluster/prometheus-operator.version),
+    removed afterwards: other tests install the chart where that API is absent."""
+    files = sorted(PROMETHEUS_OPERATOR_CRDS.glob("*.yaml"))
+    if len(files) != 3:
+        pytest.fail(
+            f"the Prometheus Operator's CRDs are missing in {PROMETHEUS_OPERATOR_CRDS}: run `make binaries`"
+        )
+    for crd in files:
+        kube.run("apply", "--server-side", "-f", str(crd))
+    for kind in ("prometheusrules", "servicemonitors", "podmonitors"):
+        kube.wait_established(f"{kind}.monitoring.coreos.com")
+    yield
+    for crd in files:
+        kube.run("delete", "-f", str(crd), "--wait=false", check=False)
+
+
+def test_dashboards_and_alerts_render_objects_the_api_server_accepts(
+    kube: Kube, prometheus_operator_crds: None
+) -> None:
+    """The chart's dashboards, PrometheusRule, ServiceMonitor and PodMonitor, switched on,
+    pass a server-side dry run against the Prometheus Operator's own CRDs."""
+    rendered = helm(
+        "template", "r", str(CHART), "-n", "default",
+        "--set", "metrics.dashboards.enabled=true",
+        "--set", "metrics.prometheusRule.enabled=true",
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.enginePodMonitor.enabled=true",
+        "--set", "metrics.dashboards.annotations.grafana_folder=LLM serving",
+    ).stdout  # fmt: skip
+    kinds = ("ConfigMap", "PrometheusRule", "ServiceMonitor", "PodMonitor")
+    docs = [d for d in _docs(rendered) if d["kind"] in kinds]
+    assert sorted(d["kind"] for d in docs) == sorted(kinds)
+    (board,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["annotations"] == {"grafana_folder": "LLM serving"}
+    assert json.loads(board["data"]["disagg-model.json"]) == dashboards.dashboard()
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    roles = monitor["spec"]["selector"]["matchExpressions"][1]["values"]
+    assert "router" in roles, "the dashboards and the fallback alert read the router's paths"
+    result = kube.run(
+        "apply", "--dry-run=server", "--server-side", "-f", "-",
+        stdin=yaml.safe_dump_all(docs), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr

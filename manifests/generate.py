@@ -4,7 +4,8 @@
   Namespace, for `kubectl apply --server-side -f manifests/install.yaml`;
 * manifests/argocd/argocd-cm-patch.yaml: the Argo CD health check, embedding health.lua;
 * charts/disagg-operator/values.schema.json and README.md: the chart's values schema and its
-  README's values table, both read from values.yaml and its comments (`values_doc.py`).
+  README's values table, both read from values.yaml and its comments (`values_doc.py`);
+* charts/disagg-operator/files/dashboards/: the Grafana dashboard (`disagg.dashboards`).
 
 Tests regenerate them and fail when the committed files differ.
 """
@@ -18,6 +19,8 @@ import sys
 from pathlib import Path
 
 from values_doc import values_schema, values_table
+
+from disagg import dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "disagg-operator"
@@ -110,6 +113,8 @@ def chart_values_schema() -> str:
 def main() -> int:
     helm = sys.argv[1] if len(sys.argv) > 1 else "helm"
     # The schema first: helm checks the values against it when it renders install.yaml.
+    (CHART / "files" / "dashboards").mkdir(exist_ok=True)
+    (CHART / "files" / "dashboards" / f"{dashboards.UID}.json").write_text(dashboards.as_json())
     (CHART / "values.schema.json").write_text(chart_values_schema())
     (ROOT / "manifests" / "install.yaml").write_text(install_yaml(helm))
     (ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml").write_text(argocd_patch())

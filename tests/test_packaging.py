@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from disagg import versions
+from disagg import dashboards, versions
 
 CHART = ROOT / "charts" / "disagg-operator"
 HEALTH_LUA = (ROOT / "manifests" / "argocd" / "health.lua").read_text()
@@ -463,3 +463,36 @@ def test_a_command_that_needs_the_tools_extra_says_so(
     assert str(exited.value) == (
         "error: disagg demo needs matplotlib: pip install 'disagg-operator[tools]'"
     )
+
+
+def test_the_dashboard_is_generated_from_its_source() -> None:
+    written = CHART / "files" / "dashboards" / f"{dashboards.UID}.json"
+    assert written.read_text() == dashboards.as_json(), "run `make manifests`"
+
+
+def test_every_series_the_dashboard_reads_is_exported_by_the_router_the_operator_or_an_engine() -> (
+    None
+):
+    from prometheus_client import generate_latest
+
+    from disagg.reconcile.metrics import OperatorMetrics
+    from disagg.router.metrics import RouterMetrics
+    from simengines import engine
+
+    exported = set()
+    for registry in (
+        OperatorMetrics().registry,
+        RouterMetrics().registry,
+        engine("decode").metrics.registry,
+    ):
+        for family in registry.collect():
+            exported.add(family.name)
+        exported |= set(re.findall(r"^# TYPE (\S+)", generate_latest(registry).decode(), re.M))
+    read = set()
+    for query in dashboards.queries():
+        for name in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{", query):
+            read.add(re.sub(r"_(bucket|sum|count|total)$", "", name))
+    assert read and read - exported == set(), "a panel over a series nobody exports is blank"
+    panels = dashboards.panels()
+    spots = [tuple(p["gridPos"].values()) for p in panels]
+    assert len(set(spots)) == len(spots), "two panels in one place"

@@ -83,6 +83,29 @@ if [[ "$want" == all || "$want" == keda ]]; then
   ln -sfn "$dir" "$cache/crds/keda"
   echo "build-binaries: KEDA's CRDs are in $dir"
 fi
+if [[ "$want" == all || "$want" == prometheus-operator ]]; then
+  # The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor, PodMonitor), from its Go
+  # module, so the e2e proves the API server accepts the chart's monitoring objects.
+  po_version="$(cat "$here/prometheus-operator.version")"
+  dir="$cache/crds/prometheus-operator-$po_version"
+  if [[ ! -f "$dir/.complete" ]]; then
+    echo "build-binaries: fetching the Prometheus Operator $po_version's CRDs"
+    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
+      "github.com/prometheus-operator/prometheus-operator@$po_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+    crds="$src/example/prometheus-operator-crd"
+    if [[ -z "$src" || ! -f "$crds/monitoring.coreos.com_prometheusrules.yaml" ]]; then
+      echo "build-binaries: the Prometheus Operator $po_version's module has no CRDs" >&2
+      exit 1
+    fi
+    mkdir -p "$dir"
+    for kind in prometheusrules servicemonitors podmonitors; do
+      cp "$crds/monitoring.coreos.com_$kind.yaml" "$dir/"
+    done
+    touch "$dir/.complete"
+  fi
+  ln -sfn "$dir" "$cache/crds/prometheus-operator"
+  echo "build-binaries: the Prometheus Operator's CRDs are in $dir"
+fi
 if [[ "$want" == all || "$want" == helm ]] && [[ -d "$here/helm" ]]; then
   # As Helm's own Makefile does: stamp its version, and the Kubernetes version it renders for
   # without a cluster (.Capabilities.KubeVersion) from the client-go it is built with; left

@@ -182,8 +182,10 @@ def local_kube(layout: Layout, say: Callable[[str], None], crds: Path) -> Kube:
 class Operator:
     """``disagg run`` as a child process, with its metrics endpoint."""
 
-    def __init__(self, layout: Layout, *args: str, log_name: str = "operator") -> None:
-        self.port = free_port()
+    def __init__(
+        self, layout: Layout, *args: str, log_name: str = "operator", port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
         self.log_path = layout.logs / f"e2e-{log_name}-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")

@@ -27,6 +27,7 @@ import yaml
 
 from disagg.api.base import parse_duration
 from disagg.api.crd import build_crd
+from disagg.demo import dashboard
 from disagg.demo.live import Recorder, watch
 from disagg.demo.load import MODEL, LoadReport, drive
 from disagg.demo.procs import Kube, wait_for
@@ -263,6 +264,9 @@ def run(args: argparse.Namespace) -> int:
             since = time.monotonic() - results[0].started
             _say("diagnosing both models from their engines' metrics (disagg diagnose)")
             diagnoses = {name: _diagnose(loop, name, since) for name in (MODEL, COLOCATED_MODEL)}
+            _say("reading the chart's Grafana dashboard panels from Prometheus")
+            now = time.time()
+            panels = dashboard.fetch(loop.prom_url, NAMESPACE, MODEL, now - since, now)
         spec = model_manifest("")["spec"]
         ttft_slo = parse_duration(spec["autoscaling"]["ttftP99"])
         tpot_slo = parse_duration(spec["autoscaling"]["tpotP99"])
@@ -272,6 +276,9 @@ def run(args: argparse.Namespace) -> int:
             for name, d in diagnoses.items()
         }
         json_path, png_path = write(summary, results, out, ttft_slo, tpot_slo)
+        board_path = dashboard.draw(
+            panels, out / "dashboard.png", f"The chart's dashboard for {NAMESPACE}/{MODEL}"
+        )
     except StepFailed as failure:
         print(f"error: {failure}", file=sys.stderr)
         return 1
@@ -283,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     for name, found in summary["diagnoses"].items():
         print(f"disagg diagnose --model {name}: {found['verdict']}: {found['summary']}")
-    print(f"\nsummary: {json_path}\ntimeline: {png_path}")
+    print(f"\nsummary: {json_path}\ntimeline: {png_path}\ndashboard: {board_path}")
     print(
         f"\nThe control plane is still up. Explore it:\n  export KUBECONFIG={layout.kubeconfig}\n"
         f"  export PATH={cache_dir() / 'bin' / 'k8s'}:$PATH\n"
@@ -311,5 +318,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument(
         "--story", choices=sorted(STORIES), default="full", help="the traffic story to play"
     )
-    demo.add_argument("--out", default="out/demo", help="where summary.json and timeline.png go")
+    demo.add_argument(
+        "--out",
+        default="out/demo",
+        help="where summary.json, timeline.png and dashboard.png go",
+    )
     demo.set_defaults(func=cmd_demo)

@@ -178,7 +178,24 @@ def stack(
             stdin=subprocess.DEVNULL,
         )
         cleanup.append(lambda: _stop(emulator))
-        prom = prometheus.start(kube.layout, port, f"http://127.0.0.1:{sd_port}/sd")
+        # Two routers, two addresses: a second one bound to the first's would fail, and the
+        # first answering its readiness check would hide that.
+        subnet = f"127.45.{free_port() % 250}"
+        operator_port = free_port()
+        # The routers and the operator run outside pods here: scraped at their addresses,
+        # labelled as the chart's PodMonitor labels router pods.
+        scraped = [
+            prometheus.StaticTarget("disagg-operator", f"127.0.0.1:{operator_port}"),
+            *(
+                prometheus.StaticTarget(
+                    "disagg-routers",
+                    f"{subnet}.{index}:8000",
+                    {"namespace": namespace, "disagg_model": model, "disagg_role": "router"},
+                )
+                for index, model in ((1, MODEL), (2, COLOCATED_MODEL))[: 2 if contrast else 1]
+            ),
+        ]
+        prom = prometheus.start(kube.layout, port, f"http://127.0.0.1:{sd_port}/sd", static=scraped)
         cleanup.append(lambda: _stop(prom))
         prom_url = f"http://127.0.0.1:{port}"
         wait_for("Prometheus to answer", lambda: _up(prom_url + "/-/ready"), timeout=30)
@@ -189,6 +206,7 @@ def stack(
             "--resync-seconds=5",
             *operator_args,
             log_name=f"autoscale-{namespace}",
+            port=operator_port,
         )
         the_stack = Stack(kube, namespace, prom_url, prom, emulator, None, operator)
         cleanup.append(lambda: the_stack.operator.stop())
@@ -202,9 +220,6 @@ def stack(
                 "wait", "--for=condition=Ready", f"dm/{name}", "-n", namespace,
                 "--timeout=60s", timeout=90,
             )  # fmt: skip
-        # Two routers, two addresses: a second one bound to the first's would fail, and the
-        # first answering its readiness check would hide that.
-        subnet = f"127.45.{free_port() % 250}"
         the_stack.router = _local_router(
             kube, namespace, MODEL, f"{subnet}.1", "--pd-threshold", "256",
             "--prefill-selector", f"disagg.dev/model={MODEL},disagg.dev/role=prefill",
@@ -266,11 +281,13 @@ def _instant(prom_url: str, query: str) -> float | None:
 
 def _latest_scrape(prom_url: str, namespace: str) -> float:
     """The newest sample time of the namespace's engine targets (0 when unknown)."""
-    return _instant(prom_url, f'min(timestamp(up{{namespace="{namespace}"}}))') or 0.0
+    engines = f'namespace="{namespace}", disagg_role!="router"'
+    return _instant(prom_url, f"min(timestamp(up{{{engines}}}))") or 0.0
 
 
 def _pods_scraped(prom_url: str, namespace: str) -> int:
-    return int(_instant(prom_url, f'count(up{{namespace="{namespace}"}} == 1)') or 0)
+    engines = f'namespace="{namespace}", disagg_role!="router"'
+    return int(_instant(prom_url, f"count(up{{{engines}}} == 1)") or 0)
 
 
 class ReplicaRecorder:

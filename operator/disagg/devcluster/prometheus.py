@@ -1,10 +1,12 @@
-"""Prometheus for the local control plane: Debian's prometheus, discovering engine pods
-through the real API server with the relabeling the docs recommend."""
+"""Prometheus for the local control plane: Debian's prometheus, discovering engine and router
+pods through the real API server with the relabeling the docs recommend."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from disagg.yamlio import dump
 
 
 def scrape_config(kubeconfig: Path | None, interval: str = "15s") -> dict[str, Any]:
-    """The scrape job for engine pods (pure): what users put in prometheus.yml.
+    """The scrape job for engine and router pods (pure): what users put in prometheus.yml.
 
     In a cluster, leave out ``kubeconfig_file`` (Prometheus then uses its service account) or
     use the chart's PodMonitor, which carries the same relabeling.
@@ -26,10 +28,10 @@ def scrape_config(kubeconfig: Path | None, interval: str = "15s") -> dict[str, A
         "scrape_interval": interval,
         "kubernetes_sd_configs": [discovery],
         "relabel_configs": [
-            # Only engine pods of a DisaggregatedModel, on their HTTP port.
+            # Only engine and router pods of a DisaggregatedModel, on their HTTP port.
             {
                 "source_labels": ["__meta_kubernetes_pod_label_disagg_dev_role"],
-                "regex": "prefill|decode|engine",
+                "regex": "prefill|decode|engine|router",
                 "action": "keep",
             },
             {
@@ -65,8 +67,37 @@ def harness_scrape_config(sd_url: str, interval: str) -> dict[str, Any]:
     return job
 
 
-def start(layout: Layout, port: int, sd_url: str, interval: str = "1s") -> subprocess.Popen[bytes]:
-    """Start Prometheus on 127.0.0.1:port with a fresh TSDB; the caller stops it."""
+@dataclass(frozen=True)
+class StaticTarget:
+    """A process scraped at a fixed address (a router or an operator run outside a pod), with
+    the labels a cluster's relabeling would give it."""
+
+    job: str
+    address: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def static_jobs(targets: Sequence[StaticTarget], interval: str) -> list[dict[str, Any]]:
+    """One scrape job per target's job name (pure)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for target in targets:
+        job = jobs.setdefault(
+            target.job,
+            {"job_name": target.job, "scrape_interval": interval, "static_configs": []},
+        )
+        job["static_configs"].append({"targets": [target.address], "labels": dict(target.labels)})
+    return list(jobs.values())
+
+
+def start(
+    layout: Layout,
+    port: int,
+    sd_url: str,
+    interval: str = "1s",
+    static: Sequence[StaticTarget] = (),
+) -> subprocess.Popen[bytes]:
+    """Start Prometheus on 127.0.0.1:port with a fresh TSDB, scraping the engine pods the
+    emulator's discovery lists and the ``static`` targets; the caller stops it."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus is not installed: run `make system-packages`")
@@ -75,7 +106,10 @@ def start(layout: Layout, port: int, sd_url: str, interval: str = "1s") -> subpr
     root.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [harness_scrape_config(sd_url, interval)],
+        "scrape_configs": [
+            harness_scrape_config(sd_url, interval),
+            *static_jobs(static, interval),
+        ],
     }
     (root / "prometheus.yml").write_text(dump(config))
     with (layout.logs / "prometheus.log").open("ab") as log:
