@@ -121,9 +121,11 @@ def panels() -> list[Panel]:
             (0, 16, 12, 8),
         ),
         _panel(
-            "Pressure against the SLO",
-            "How far each pool is over its SLO (1: at it), by its engines' p99 or its load "
-            "gauges, whichever is higher.",
+            "Pressure the autoscaler acts on",
+            "How far over its SLO each pool is as the autoscaler weighs it (1: at the SLO): its "
+            "engines' p99 or its load gauges, whichever is higher, leaving out a p99 it reads "
+            "as a backlog draining, as measured before new replicas served, or as prompts that "
+            "miss at any size (each pool's lastScaleReason says which).",
             [(f"max by (pool) (disagg_pool_slo_pressure{{{OPERATOR}}})", "{{pool}}")],
             "none",
             (12, 16, 12, 8),
@@ -144,20 +146,6 @@ def panels() -> list[Panel]:
             (0, 24, 12, 8),
         ),
         _panel(
-            "KV transfer",
-            "Bytes the decode engines pull from prefill engines (vLLM's NIXL connector), and "
-            "the transfer time p99.",
-            [
-                (
-                    f"sum(rate(vllm:nixl_bytes_transferred_sum{{{PODS}}}[{RATE}]))",
-                    "bytes/s",
-                ),
-                (_p99("vllm:nixl_xfer_time_seconds"), "transfer p99 (s)"),
-            ],
-            "Bps",
-            (12, 24, 12, 8),
-        ),
-        _panel(
             "Prefix cache hits",
             "The share of prompt tokens each pool's engines found in their prefix cache.",
             [
@@ -169,7 +157,22 @@ def panels() -> list[Panel]:
                 )
             ],
             "percentunit",
+            (12, 24, 12, 8),
+        ),
+        _panel(
+            "KV transfer rate",
+            "Bytes the decode engines pull from prefill engines (vLLM's NIXL connector).",
+            [(f"sum(rate(vllm:nixl_bytes_transferred_sum{{{PODS}}}[{RATE}]))", "bytes/s")],
+            "Bps",
             (0, 32, 12, 8),
+        ),
+        _panel(
+            "KV transfer time p99",
+            "How long one KV transfer takes (vLLM's NIXL connector): on the critical path of "
+            "every disaggregated request's first token.",
+            [(_p99("vllm:nixl_xfer_time_seconds"), "transfer p99")],
+            "s",
+            (12, 32, 12, 8),
         ),
         _panel(
             "Requests waiting and running",
@@ -185,7 +188,7 @@ def panels() -> list[Panel]:
                 ),
             ],
             "none",
-            (12, 32, 12, 8),
+            (0, 40, 24, 8),
         ),
     ]
 
