@@ -78,15 +78,15 @@ OPTIONAL_PATHS = [
     "spec.decode.resources.limits.memory", "spec.prefill.nodeSelector",
     "spec.prefill.nodeSelector.pool", "spec.decode.tolerations", "spec.decode.tolerations.0",
     "spec.prefill.priorityClassName", "spec.prefill.affinity", "spec.prefill.env",
-    "spec.prefill.env.0", "spec.engine.env", "spec.engine.extraArgs", "spec.engine.image",
-    "spec.engine.backend", "spec.engine.kvConnector", "spec.engine.kvCacheDtype",
+    "spec.prefill.env.0", "spec.runtime.env", "spec.runtime.extraArgs", "spec.runtime.image",
+    "spec.runtime.backend", "spec.runtime.kvConnector", "spec.runtime.kvCacheDtype",
     "spec.model.name", "spec.model.servedName", "spec.network.transport",
     "spec.network.shmSize", "spec.network.rdma", "spec.network.rdma.resourceName",
     "spec.network.rdma.resourceCount", "spec.router.enabled", "spec.router.replicas",
     "spec.router.port", "spec.router.prefillThresholdTokens", "spec.autoscaling.enabled",
     "spec.autoscaling.mode", "spec.autoscaling.externalScaler", "spec.autoscaling.ttftP99",
     "spec.autoscaling.tpotP99", "spec.autoscaling.interval", "spec.autoscaling.window",
-    "spec.autoscaling.maxTotalGpus", "spec.autoscaling.scaleUp.maxStep",
+    "spec.autoscaling.maxTotalGPUs", "spec.autoscaling.scaleUp.maxStep",
     "spec.autoscaling.scaleDown.stabilizationWindow", "spec.autoscaling.scaleUp.cooldown",
     "spec.decode.autoscaling.minReplicas", "spec.decode.autoscaling.maxReplicas",
     "spec.prefill", "spec.autoscaling", "spec.decode.resources.requests",
@@ -210,7 +210,7 @@ CLASSES: dict[str, list[tuple[str, Any]]] = {
         ("spec.model.servedName", None), ("spec.decode.tolerations", [{"key": "gpu",
         "operator": None}]), ("spec.decode.resources", {"requests": None}),
         ("spec.prefill.nodeSelector", {"pool": None}), ("metadata.labels", {"team": None}),
-        ("spec.engine.env", [None]), ("spec.decode.tolerations", [None]), ("spec.model", None),
+        ("spec.runtime.env", [None]), ("spec.decode.tolerations", [None]), ("spec.model", None),
     ],
     "whole number written as a fraction": [
         ("spec.decode.replicas", 2.0), ("spec.router.replicas", 2.0),
@@ -229,7 +229,7 @@ CLASSES: dict[str, list[tuple[str, Any]]] = {
                      "x" * 250 + ".com/d", "kubernetes.io/d", "requests.example.com/d")
     ],
     "Secret and ConfigMap names": [
-        ("spec.engine.env", [{"name": "A", "valueFrom": {ref: {"name": name, "key": "k"}}}])
+        ("spec.runtime.env", [{"name": "A", "valueFrom": {ref: {"name": name, "key": "k"}}}])
         for ref in ("secretKeyRef", "configMapKeyRef")
         for name in ("Bad_Name", "a..b", "-a", "s." * 126 + "s", "s" * 254, "hf-token")
     ],

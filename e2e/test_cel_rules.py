@@ -18,7 +18,7 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
     (
         "env: set value or valueFrom",
         {
-            "engine": {
+            "runtime": {
                 "env": [
                     {
                         "name": "A",
@@ -55,16 +55,16 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
     (
         "with the nixl and mooncake connectors",
         {
-            "engine": {"kvConnector": "mooncake"},
+            "runtime": {"kvConnector": "mooncake"},
             "prefill": {"tensorParallelSize": 4},
             "decode": {"tensorParallelSize": 6},
         },
     ),
     (
         "the lmcache connector needs engine.backend vllm",
-        {"engine": {"backend": "sglang", "kvConnector": "lmcache"}},
+        {"runtime": {"backend": "sglang", "kvConnector": "lmcache"}},
     ),
-    ("autoscaling.maxTotalGpus is smaller", {"autoscaling": {"maxTotalGpus": 1}}),
+    ("autoscaling.maxTotalGPUs is smaller", {"autoscaling": {"maxTotalGPUs": 1}}),
     (
         "autoscaling.mode external is not available with mode colocated",
         {"mode": "colocated", "autoscaling": {"enabled": True, "mode": "external"}},
@@ -114,7 +114,7 @@ BROKEN += [
     ),
     (
         "env valueFrom: set exactly one of",
-        {"engine": {"env": [{"name": "A", "valueFrom": {}}]}},
+        {"runtime": {"env": [{"name": "A", "valueFrom": {}}]}},
     ),
     (
         "resources: each name must be cpu, memory",
@@ -266,17 +266,17 @@ POD_FIELDS_THE_API_SERVER_REFUSES: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
-        "engine.env[0].valueFrom.fieldRef.fieldPath",
+        "runtime.env[0].valueFrom.fieldRef.fieldPath",
         {
-            "engine": {
+            "runtime": {
                 "env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}]
             }
         },
     ),
     (
-        "engine.env[0].valueFrom.secretKeyRef.name",
+        "runtime.env[0].valueFrom.secretKeyRef.name",
         {
-            "engine": {
+            "runtime": {
                 "env": [
                     {"name": "A", "valueFrom": {"secretKeyRef": {"name": "Bad_Name", "key": "k"}}}
                 ]
@@ -300,6 +300,13 @@ def _pod(settings: dict[str, Any]) -> dict[str, Any]:
 
 _EMPTY = {"name": "v", "emptyDir": {}}
 BROKEN += [
+    # Old spellings of renamed fields: refused, saying where each went.
+    ("engine was renamed runtime", {"engine": {"backend": "sglang"}}),
+    (
+        "prometheusUrl was renamed prometheusURL",
+        {"autoscaling": {"prometheusUrl": "http://p:9090"}},
+    ),
+    ("maxTotalGpus was renamed maxTotalGPUs", {"autoscaling": {"maxTotalGpus": 16}}),
     ("pod.labels: each key must be a label key", _pod({"labels": {"bad key": "x"}})),
     ("pod.annotations: each key must be a qualified name", _pod({"annotations": {"a b": "x"}})),
     ("are the operator's", _pod({"labels": {"disagg.dev/role": "x"}})),
@@ -478,7 +485,7 @@ NULLS: list[tuple[str, dict[str, Any], bool]] = [
     ("a defaulted count", {"decode": {"replicas": None}}, True),
     ("defaulted autoscaling", {"autoscaling": None}, True),
     ("an optional object", {"network": {"transport": "rdma", "rdma": None}}, False),
-    ("a list", {"engine": {"env": None}}, False),
+    ("a list", {"runtime": {"env": None}}, False),
     ("a quantity", {"prefill": {"resources": {"requests": {"cpu": None}}}}, False),
     ("an affinity", {"prefill": {"affinity": None}}, False),
 ]
@@ -545,7 +552,7 @@ def test_api_server_takes_the_split_only_rules_off_a_colocated_model(
         "mode": "colocated",
         "prefill": {"tensorParallelSize": 3},
         "decode": {"tensorParallelSize": 2},
-        "autoscaling": {"enabled": True, "maxTotalGpus": 2},
+        "autoscaling": {"enabled": True, "maxTotalGPUs": 2},
     }
     manifest = _manifest(patch, name="colocated-uneven")
     kube.apply(yaml.safe_dump(manifest), namespace, "--server-side", "--dry-run=server")

@@ -721,7 +721,7 @@ def test_a_pool_capped_while_over_its_slo_and_decode_only_fallbacks_alert(tmp_pa
             "summary": "team-a/capped: the prefill pool is at its maximum and over its SLO",
             "description": "The autoscaler wants the prefill pool of DisaggregatedModel "
             "team-a/capped at its maxReplicas and it is still 1.40x its SLO, for 10 minutes: "
-            "raise spec.prefill.autoscaling.maxReplicas (and autoscaling.maxTotalGpus, if set), "
+            "raise spec.prefill.autoscaling.maxReplicas (and autoscaling.maxTotalGPUs, if set), "
             "or see the pool's lastScaleReason for requests that miss at any size.",
         },
     }  # fmt: skip

@@ -131,7 +131,7 @@ def test_image_and_flag_changes_roll_the_deployments(
         json.dumps(
             {
                 "spec": {
-                    "engine": {"image": "registry.example/engine:v2"},
+                    "runtime": {"image": "registry.example/engine:v2"},
                     "prefill": {"maxNumBatchedTokens": 4096},
                 }
             }

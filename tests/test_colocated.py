@@ -67,7 +67,7 @@ def test_a_colocated_model_renders_one_engine_pool_without_kv_transfer() -> None
 
 
 def test_sglang_colocated_mixes_prompt_chunks_into_running_batches() -> None:
-    children = _children(_colocated(engine={"backend": "sglang"}))
+    children = _children(_colocated(runtime={"backend": "sglang"}))
     argv = _container(children, "chat-engine")["args"]
     assert "--enable-mixed-chunk" in argv and "--disaggregation-mode" not in argv
     assert argv[argv.index("--chunked-prefill-size") + 1] == "2048"
@@ -81,9 +81,9 @@ def test_rules_of_the_split_do_not_bind_a_colocated_model() -> None:
     with pytest.raises(ManifestError, match="multiple of the smaller"):
         parse_model(_colocated(mode="disaggregated", **uneven))
     # The GPU budget counts the pools the mode runs: the engine pool alone here.
-    budget = {"enabled": True, "maxTotalGpus": 1}
+    budget = {"enabled": True, "maxTotalGPUs": 1}
     parse_model(_colocated(autoscaling=budget))
-    with pytest.raises(ManifestError, match="maxTotalGpus is smaller"):
+    with pytest.raises(ManifestError, match="maxTotalGPUs is smaller"):
         parse_model(_colocated(mode="disaggregated", autoscaling=budget))
 
 

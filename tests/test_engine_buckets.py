@@ -30,7 +30,7 @@ def _with_args(example: str, engine: Sequence[str] = (), **pools: list[str]) -> 
     manifest = load_example(example)
     spec = manifest["spec"]
     if engine:
-        spec.setdefault("engine", {})["extraArgs"] = list(engine)
+        spec.setdefault("runtime", {})["extraArgs"] = list(engine)
     for pool, args in pools.items():
         spec.setdefault(pool, {})["extraArgs"] = args
     return manifest
@@ -73,13 +73,13 @@ def test_the_autoscaler_reads_an_sglang_pool_against_its_bucket_flags() -> None:
             [VLLM_FLAG, '{"time_to_first_token": [1, 0.5]}'],
             "bounds must be strictly increasing (1 then 0.5)",
         ),
-        ("minimal", "engine", [VLLM_FLAG], "is missing its value"),
+        ("minimal", "runtime", [VLLM_FLAG], "is missing its value"),
         # argparse would take these for the flag, so the buckets would change unseen.
         ("minimal", "prefill", ["--custom", "{}"], "abbreviates --custom-histogram-buckets"),
         ("minimal", "decode", ["--custom_hist.x", "[1]"], "abbreviates --custom-histogram-buckets"),
         ("sglang-mooncake", "decode", ["--bucket-inter", "1"], "abbreviates --bucket-inter"),
         ("sglang-mooncake", "decode", ["--bucket-inter-token-latency", "0", "0.1"], "'0'"),
-        ("sglang-mooncake", "engine", ["--bucket-time-to-first-token", "--log-level"], "missing"),
+        ("sglang-mooncake", "runtime", ["--bucket-time-to-first-token", "--log-level"], "missing"),
     ],
 )
 def test_buckets_an_engine_would_refuse_are_refused_where_they_are_set(
@@ -87,7 +87,7 @@ def test_buckets_an_engine_would_refuse_are_refused_where_they_are_set(
 ) -> None:
     manifest = (
         _with_args(example, engine=args)
-        if where == "engine"
+        if where == "runtime"
         else _with_args(example, **{where: args})
     )
     with pytest.raises(ManifestError) as refused:

@@ -254,6 +254,35 @@ async def test_an_invalid_edit_changes_nothing_and_warns_once() -> None:
             assert world.kube.objects[key] == before, key
 
 
+async def test_a_model_stored_with_a_renamed_field_keeps_serving_and_says_where_it_went() -> None:
+    # An SGLang model stored before spec.engine became spec.runtime: were the old field read
+    # as absent, the model would be re-rendered with the default backend, vLLM.
+    manifest = load_example("sglang-mooncake")
+    manifest["metadata"]["name"] = NAME
+    world = World(manifest)
+    await world.reconcile()
+    children = {k: copy.deepcopy(v) for k, v in world.kube.objects.items() if k[0] != "Event"}
+
+    def rename(old: str, new: str) -> None:
+        stored = world.model()
+        stored["spec"][new] = stored["spec"].pop(old)
+        stored["metadata"]["generation"] += 1
+        world.kube.put(stored)
+
+    rename("runtime", "engine")
+    outcome = await world.reconcile()
+    assert outcome.invalid
+    degraded = world.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "spec.engine: engine was renamed runtime" in degraded["message"]
+    for key, before in children.items():
+        if key[0] != "DisaggregatedModel":
+            assert world.kube.objects[key] == before, key
+    rename("engine", "runtime")
+    outcome = await world.reconcile()
+    assert not outcome.invalid and world.condition("Degraded")["status"] == "False"
+
+
 async def test_a_refused_child_degrades_the_model_once_and_a_later_pass_recovers() -> None:
     world = World(load_example("minimal"))
     world.kube.fail_next("Deployment", "apply", 422, 'Deployment "qwen-small-prefill" is invalid')

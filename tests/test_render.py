@@ -325,7 +325,7 @@ def test_the_router_offloads_short_prompts_after_half_the_ttft_slo_of_waiting() 
     manifest["spec"]["router"] = {"prefillOffload": {"maxPromptTokens": 0}}
     assert "--offload-max-tokens" not in _router_args(manifest), "0 turns it off"
     manifest["spec"]["router"] = {}
-    manifest["spec"]["engine"] = {**manifest["spec"].get("engine", {}), "backend": "sglang"}
+    manifest["spec"]["runtime"] = {**manifest["spec"].get("engine", {}), "backend": "sglang"}
     assert "--offload-max-tokens" not in _router_args(manifest), (
         "the SGLang path pairs every request with a prefill engine"
     )
@@ -408,7 +408,7 @@ def test_engine_pods_drain_before_they_stop() -> None:
 
 def test_user_env_overrides_and_pool_env_wins() -> None:
     manifest = load_example("minimal")
-    manifest["spec"]["engine"] = {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}
+    manifest["spec"]["runtime"] = {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}
     manifest["spec"]["decode"] = {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}]}
     objects = _render(manifest)
     assert _env(_engine(objects, "qwen-small-prefill"))["VLLM_LOGGING_LEVEL"] == "DEBUG"
@@ -417,7 +417,7 @@ def test_user_env_overrides_and_pool_env_wins() -> None:
 
 def test_extra_args_are_appended_engine_then_pool() -> None:
     manifest = load_example("minimal")
-    manifest["spec"]["engine"] = {"extraArgs": ["--enforce-eager"]}
+    manifest["spec"]["runtime"] = {"extraArgs": ["--enforce-eager"]}
     manifest["spec"]["prefill"] = {"extraArgs": ["--block-size", "128"]}
     argv = _engine(_render(manifest), "qwen-small-prefill")["args"]
     assert argv[-3:] == ["--enforce-eager", "--block-size", "128"]
@@ -460,7 +460,7 @@ def test_the_operators_image_registry_and_tag_name_every_bundled_image_a_model_l
         "qwen-small-router": "registry.local:5000/mirror/router:0.1.0-rc1",
     }
     named = load_example("minimal")
-    named["spec"]["engine"] = {"image": "example.com/my-vllm:1", "backend": "sglang"}
+    named["spec"]["runtime"] = {"image": "example.com/my-vllm:1", "backend": "sglang"}
     named["spec"]["router"] = {"image": "example.com/my-router:1"}
     for d in render_all(RenderContext(parse_model(named), images=mirror)):
         if d["kind"] == "Deployment":

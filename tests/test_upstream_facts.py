@@ -18,7 +18,7 @@ from prometheus_client import Histogram
 from conftest import ROOT, example_paths
 from disagg.api import parse_model
 from disagg.api.resource import ManifestError
-from disagg.api.spec import DisaggregatedModelSpec, EngineSpec
+from disagg.api.spec import DisaggregatedModelSpec, RuntimeSpec
 from disagg.autoscale.queries import SGLANG, VLLM, MetricNames
 from disagg.perf.buckets import (
     SGLANG_ITL_BUCKETS,
@@ -52,8 +52,8 @@ def _variants() -> Iterator[DisaggregatedModelSpec]:
     ):
         manifest = copy.deepcopy(yaml.safe_load(path.read_text()))
         spec = manifest["spec"]
-        spec["engine"] = {**spec.get("engine", {}), "backend": backend, "kvConnector": connector}
-        spec["engine"]["kvCacheDtype"] = dtype
+        spec["runtime"] = {**spec.get("runtime", {}), "backend": backend, "kvConnector": connector}
+        spec["runtime"]["kvCacheDtype"] = dtype
         spec.setdefault("network", {})["transport"] = transport
         if transport == "tcp":
             spec["network"].pop("rdma", None)
@@ -85,8 +85,8 @@ def test_the_facts_are_of_the_pinned_versions() -> None:
 
 
 def test_the_variants_cover_both_engines_and_every_connector() -> None:
-    assert {s.engine.backend for s in VARIANTS if s.mode == "colocated"} == {"vllm", "sglang"}
-    combos = {(s.engine.backend, s.engine.kv_connector) for s in VARIANTS}
+    assert {s.runtime.backend for s in VARIANTS if s.mode == "colocated"} == {"vllm", "sglang"}
+    combos = {(s.runtime.backend, s.runtime.kv_connector) for s in VARIANTS}
     assert combos >= {("vllm", "nixl"), ("vllm", "mooncake"), ("vllm", "lmcache")}
     assert combos >= {("sglang", "nixl"), ("sglang", "mooncake")}
 
@@ -97,7 +97,7 @@ def test_every_rendered_flag_and_choice_is_one_the_pinned_engine_defines(backend
     defined = set(facts["serve_flags" if backend == "vllm" else "server_flags"])
     unknown: set[str] = set()
     refused: set[tuple[str, str]] = set()
-    for spec in (s for s in VARIANTS if s.engine.backend == backend):
+    for spec in (s for s in VARIANTS if s.runtime.backend == backend):
         for role in spec.roles:  # the colocated example renders its engine pool
             argv = engine_launch(spec, role).argv
             # after `vllm serve MODEL` / `python3 -m sglang.launch_server`
@@ -113,7 +113,7 @@ def test_every_rendered_flag_and_choice_is_one_the_pinned_engine_defines(backend
 
 def test_every_kv_transfer_key_and_connector_is_one_vllm_defines() -> None:
     fields = set(VLLM_FACTS["kv_transfer_config_fields"])
-    for spec in (s for s in VARIANTS if s.engine.backend == "vllm" and s.mode != "colocated"):
+    for spec in (s for s in VARIANTS if s.runtime.backend == "vllm" and s.mode != "colocated"):
         for role in spec.roles:
             argv = engine_launch(spec, role).argv
             config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -199,7 +199,7 @@ def _accepted(backend: str, connector: str, prefill_tp: int, decode_tp: int) -> 
         "metadata": {"name": "tp"},
         "spec": {
             "model": {"name": "m"},
-            "engine": {"backend": backend, "kvConnector": connector},
+            "runtime": {"backend": backend, "kvConnector": connector},
             "prefill": {"tensorParallelSize": prefill_tp},
             "decode": {"tensorParallelSize": decode_tp},
         },
@@ -241,5 +241,5 @@ def test_sglang_mooncake_refuses_different_tp_only_for_state_models() -> None:
         text = (guard["when"] + " " + guard["message"]).lower()
         assert any(word in text for word in special), f"a TP guard for every model: {guard}"
     assert _accepted("sglang", "mooncake", 4, 2)
-    description = EngineSpec.model_fields["kv_connector"].description or ""
+    description = RuntimeSpec.model_fields["kv_connector"].description or ""
     assert "equal TP for hybrid models" in description

@@ -54,9 +54,9 @@ BAD_INPUTS = [
     ),
     (
         "bad-backend",
-        "spec.engine.backend",
+        "spec.runtime.backend",
         "tgi",
-        "spec.engine.backend: Input should be 'vllm' or 'sglang'",
+        "spec.runtime.backend: Input should be 'vllm' or 'sglang'",
     ),
     (
         "min-over-max",
@@ -90,9 +90,28 @@ BAD_INPUTS = [
     ),
     (
         "lmcache-sglang",
-        "spec.engine",
+        "spec.runtime",
         {"backend": "sglang", "kvConnector": "lmcache"},
-        "spec.engine.kvConnector: the lmcache connector needs engine.backend vllm",
+        "spec.runtime.kvConnector: the lmcache connector needs runtime.backend vllm",
+    ),
+    # Renamed in v1alpha1: the old spellings are refused, saying where each went.
+    (
+        "renamed-engine",
+        "spec.engine",
+        {"backend": "sglang"},
+        "spec.engine: engine was renamed runtime: move it there",
+    ),
+    (
+        "renamed-prometheus-url",
+        "spec.autoscaling.prometheusUrl",
+        "http://prometheus:9090",
+        "spec.autoscaling.prometheusUrl: prometheusUrl was renamed prometheusURL: move it there",
+    ),
+    (
+        "renamed-max-total-gpus",
+        "spec.autoscaling.maxTotalGpus",
+        16,
+        "spec.autoscaling.maxTotalGpus: maxTotalGpus was renamed maxTotalGPUs: move it there",
     ),
     (
         "two-sources",
@@ -184,15 +203,15 @@ BAD_INPUTS = [
     ),
     (
         "empty-value-from",
-        "spec.engine.env",
+        "spec.runtime.env",
         [{"name": "A", "valueFrom": {}}],
-        "spec.engine.env[0].valueFrom: env valueFrom: set exactly one of",
+        "spec.runtime.env[0].valueFrom: env valueFrom: set exactly one of",
     ),
     (
         "unknown-value-from",
-        "spec.engine.env",
+        "spec.runtime.env",
         [{"name": "A", "valueFrom": {"vaultRef": {"path": "x"}}}],
-        "spec.engine.env[0].valueFrom.vaultRef: unknown field",
+        "spec.runtime.env[0].valueFrom.vaultRef: unknown field",
     ),
     (
         "unknown-affinity",
@@ -226,24 +245,24 @@ BAD_INPUTS = [
     ),
     (
         "bad-field-path",
-        "spec.engine.env",
+        "spec.runtime.env",
         [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}],
-        "spec.engine.env[0].valueFrom.fieldRef.fieldPath: must be one of metadata.name",
+        "spec.runtime.env[0].valueFrom.fieldRef.fieldPath: must be one of metadata.name",
     ),
     ("missing-model", "spec.model", None, "spec.model: required field is missing"),
     (
         "null-env-entry",
-        "spec.engine.env",
+        "spec.runtime.env",
         [None],
-        "spec.engine.env[0]: expected a mapping, got null",
+        "spec.runtime.env[0]: expected a mapping, got null",
     ),
     ("bad-name", "metadata.name", "9-Llama", "metadata.name: must be a DNS-1035 label"),
     ("wrong-kind", "kind", "Deployment", "kind: expected 'DisaggregatedModel', got 'Deployment'"),
     (
         "gpu-budget",
-        "spec.autoscaling.maxTotalGpus",
+        "spec.autoscaling.maxTotalGPUs",
         1,
-        "spec.autoscaling.maxTotalGpus: autoscaling.maxTotalGpus is smaller than the GPUs the pools need",
+        "spec.autoscaling.maxTotalGPUs: autoscaling.maxTotalGPUs is smaller than the GPUs the pools need",
     ),
 ]
 
@@ -274,7 +293,7 @@ def test_tp_degrees_may_differ_either_way_when_one_divides_the_other(
     # (TransferTopology.tp_ratio) and Mooncake (_get_tp_ratio).
     manifest = _with(load_example("minimal"), "spec.prefill.tensorParallelSize", prefill_tp)
     manifest["spec"].setdefault("decode", {})["tensorParallelSize"] = decode_tp
-    manifest["spec"].setdefault("engine", {})["kvConnector"] = connector
+    manifest["spec"].setdefault("runtime", {})["kvConnector"] = connector
     code, output = _run(tmp_path, manifest, capsys)
     assert (code == 0) == valid, output
     if not valid:

@@ -7,7 +7,7 @@ from typing import ClassVar, Final, Literal
 from pydantic import Field
 
 from disagg.api.base import ApiModel, Duration, parse_duration
-from disagg.api.rules import Rule
+from disagg.api.rules import RENAMED, Rule, renamed
 
 DEFAULT_PROMETHEUS_URL: Final = "http://prometheus-operated.monitoring.svc:9090"
 """The Prometheus Operator's Service for a Prometheus in ``monitoring``: where the
@@ -133,6 +133,7 @@ class AutoscalingSpec(ApiModel):
     )
     prometheus_url: str | None = Field(
         default=None,
+        alias="prometheusURL",
         pattern=r"^https?://",
         description="Prometheus HTTP API the autoscaler (and KEDA, in external mode) queries. "
         "Default: the operator's (its --prometheus-url, the chart's prometheus.url; "
@@ -159,6 +160,7 @@ class AutoscalingSpec(ApiModel):
     )
     max_total_gpus: int | None = Field(
         default=None,
+        alias="maxTotalGPUs",
         ge=1,
         le=1_000_000,
         description="GPU budget of both pools together. Default: none.",
@@ -166,8 +168,22 @@ class AutoscalingSpec(ApiModel):
     queries: QueryOverrides | None = Field(
         default=None, description="Replace any of the default PromQL queries."
     )
+    prometheus_url_renamed: str | None = Field(
+        default=None,
+        alias="prometheusUrl",
+        description=f"{RENAMED} `prometheusURL` (Kubernetes spells acronyms in capitals): "
+        "refused with that message, kept so that a stored model keeps its value.",
+    )
+    max_total_gpus_renamed: int | None = Field(
+        default=None,
+        alias="maxTotalGpus",
+        description=f"{RENAMED} `maxTotalGPUs`: refused with that message, kept so that a "
+        "stored model keeps its value.",
+    )
 
     rules: ClassVar = (
+        renamed("prometheusUrl", "prometheusURL", lambda m: m.prometheus_url_renamed),
+        renamed("maxTotalGpus", "maxTotalGPUs", lambda m: m.max_total_gpus_renamed),
         Rule(
             cel="duration(self.ttftP99) > duration('0s')",
             message="autoscaling.ttftP99 must be greater than zero",

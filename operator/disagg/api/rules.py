@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from pydantic import BaseModel, model_validator
 from pydantic_core import PydanticCustomError
@@ -32,6 +32,23 @@ class Rule:
         if self.field_path:
             entry["fieldPath"] = self.field_path
         return entry
+
+
+RENAMED: Final = "Renamed"
+"""How the description of a field kept only to refuse its old spelling begins."""
+
+
+def renamed(old: str, new: str, value: Callable[[Any], Any]) -> Rule:
+    """The rule that refuses a field's old spelling, saying where it went. The field stays in
+    the schema: dropped, the API server would prune a stored model's value of it on read and
+    the operator would silently serve defaults in its place."""
+    return Rule(
+        cel=f"!has(self.{old})",
+        message=f"{old} was renamed {new}: move it there (the API is v1alpha1; nothing else "
+        "about it changed)",
+        check=lambda model: value(model) is None,
+        field_path=f".{old}",
+    )
 
 
 class RuleChecked(BaseModel):

@@ -8,7 +8,7 @@ constrain (see :mod:`disagg.api.rules`).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -27,7 +27,7 @@ from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compati
 from disagg.api.observability import ObservabilitySpec
 from disagg.api.pod import LocalReference, PodSettings
 from disagg.api.router import LocalPrefillSpec, PrefillOffloadSpec, RouterSpec
-from disagg.api.rules import Rule
+from disagg.api.rules import RENAMED, Rule, renamed
 from disagg.api.scheduling import (
     DNS_SUBDOMAIN,
     LABEL_VALUE,
@@ -43,8 +43,8 @@ Role = Literal["prefill", "decode", "engine"]
 Mode = Literal["disaggregated", "colocated"]
 
 
-class EngineSpec(ApiModel):
-    """The inference engine both pools run."""
+class RuntimeSpec(ApiModel):
+    """The inference engine both pools run (``spec.runtime``)."""
 
     backend: Backend = Field(default="vllm", description="Engine: vllm or sglang.")
     image: str | None = Field(
@@ -211,7 +211,7 @@ same rule is safe for it."""
 
 
 def _tp_rule_ok(spec: DisaggregatedModelSpec) -> bool:
-    if spec.mode == "colocated" or spec.engine.kv_connector not in TP_RATIO_CONNECTORS:
+    if spec.mode == "colocated" or spec.runtime.kv_connector not in TP_RATIO_CONNECTORS:
         return True
     return nixl_tp_compatible(spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size)
 
@@ -242,12 +242,16 @@ class DisaggregatedModelSpec(ApiModel):
         "between them. colocated: one engine pool (<name>-engine) that prefills and decodes "
         "with chunked prefill, no KV connector, configured by `decode` (its "
         "maxNumBatchedTokens is the chunk size) and autoscaled on both SLOs; `prefill`, "
-        "`engine.kvConnector`, `network` and `router.prefillThresholdTokens` are kept but "
+        "`runtime.kvConnector`, `network` and `router.prefillThresholdTokens` are kept but "
         "unused. Colocation suits short prompts, low concurrency and networks without RDMA; "
         "`disagg diagnose` says which a running model needs. Changing it is a rollout: the "
         "new pools become Ready before the old ones go.",
     )
-    engine: EngineSpec = Field(default_factory=EngineSpec, description="The inference engine.")
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec,
+        description="The inference engine both pools run: its backend, image, KV connector, "
+        "arguments and environment.",
+    )
     prefill: PoolSpec = Field(
         default_factory=PoolSpec, description="The prefill pool (compute-bound prompt work)."
     )
@@ -271,10 +275,17 @@ class DisaggregatedModelSpec(ApiModel):
         default_factory=ObservabilitySpec,
         description="Request traces (OpenTelemetry) from the router and the engines.",
     )
+    engine: dict[str, Any] | None = Field(
+        default=None,
+        description=f"{RENAMED} `runtime`: refused with that message, kept in the schema so "
+        "that a model stored before the rename keeps its fields (it reports InvalidSpec, its "
+        "pods serving unchanged, until the field is moved).",
+    )
 
     rules: ClassVar = (
+        renamed("engine", "runtime", lambda s: s.engine),
         Rule(
-            cel=f"{_COLOCATED} || !(self.engine.kvConnector in {list(TP_RATIO_CONNECTORS)}) || "
+            cel=f"{_COLOCATED} || !(self.runtime.kvConnector in {list(TP_RATIO_CONNECTORS)}) || "
             "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
             "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "
             "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0)",
@@ -285,25 +296,25 @@ class DisaggregatedModelSpec(ApiModel):
             field_path=".decode.tensorParallelSize",
         ),
         Rule(
-            cel=f"{_COLOCATED} || self.engine.kvConnector != 'lmcache' || "
-            "self.engine.backend == 'vllm'",
-            message="the lmcache connector needs engine.backend vllm",
+            cel=f"{_COLOCATED} || self.runtime.kvConnector != 'lmcache' || "
+            "self.runtime.backend == 'vllm'",
+            message="the lmcache connector needs runtime.backend vllm",
             check=lambda s: (
                 s.mode == "colocated"
-                or s.engine.kv_connector != "lmcache"
-                or s.engine.backend == "vllm"
+                or s.runtime.kv_connector != "lmcache"
+                or s.runtime.backend == "vllm"
             ),
-            field_path=".engine.kvConnector",
+            field_path=".runtime.kvConnector",
         ),
         Rule(
-            cel="!has(self.autoscaling.maxTotalGpus) || self.autoscaling.maxTotalGpus >= "
+            cel="!has(self.autoscaling.maxTotalGPUs) || self.autoscaling.maxTotalGPUs >= "
             + _MIN_GPUS_CEL,
-            message="autoscaling.maxTotalGpus is smaller than the GPUs the pools need at "
+            message="autoscaling.maxTotalGPUs is smaller than the GPUs the pools need at "
             "their minReplicas",
             check=lambda s: (
                 s.autoscaling.max_total_gpus is None or s.autoscaling.max_total_gpus >= _min_gpus(s)
             ),
-            field_path=".autoscaling.maxTotalGpus",
+            field_path=".autoscaling.maxTotalGPUs",
         ),
         Rule(
             cel="self.mode != 'colocated' || !self.autoscaling.enabled || "
@@ -324,9 +335,9 @@ class DisaggregatedModelSpec(ApiModel):
         """Latency buckets set through extraArgs must be ones the engine takes: the
         autoscaler reads p99s against them, and the engine would refuse to start on others.
         (Python only: CEL cannot parse the JSON of vLLM's flag.)"""
-        backend = self.engine.backend
-        checks = [(".engine.extraArgs", self.engine.extra_args)] + [
-            (f".{name}.extraArgs", [*self.engine.extra_args, *pool.extra_args])
+        backend = self.runtime.backend
+        checks = [(".runtime.extraArgs", self.runtime.extra_args)] + [
+            (f".{name}.extraArgs", [*self.runtime.extra_args, *pool.extra_args])
             for name, pool in (("prefill", self.prefill), ("decode", self.decode))
             if pool.extra_args
         ]
@@ -364,7 +375,6 @@ __all__ = [
     "AutoscalingSpec",
     "Backend",
     "DisaggregatedModelSpec",
-    "EngineSpec",
     "EnvVar",
     "EnvVarSource",
     "KvConnector",
@@ -380,6 +390,7 @@ __all__ = [
     "ResourceRequirements",
     "Role",
     "RouterSpec",
+    "RuntimeSpec",
     "ScaleDownBehavior",
     "ScaleUpBehavior",
     "SecretKeyRef",

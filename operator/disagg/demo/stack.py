@@ -55,7 +55,7 @@ def model_manifest(prom_url: str, **autoscaling: Any) -> dict[str, Any]:
         "enabled": True,
         "ttftP99": "1s",
         "tpotP99": "40ms",
-        "prometheusUrl": prom_url,
+        "prometheusURL": prom_url,
         "interval": "2s",
         "window": "10s",
         "scaleUp": {"stabilizationWindow": "0s", "maxStep": 2, "cooldown": "4s"},

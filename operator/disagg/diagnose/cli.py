@@ -169,7 +169,7 @@ def _settings(args: argparse.Namespace) -> tuple[Slo, str, EngineFacts, str]:
         _seconds("--tpot-slo", args.tpot_slo) if args.tpot_slo
         else parse_duration(spec.autoscaling.tpot_p99) if spec else DEFAULT_TPOT
     )  # fmt: skip
-    backend = args.backend or (spec.engine.backend if spec else "vllm")
+    backend = args.backend or (spec.runtime.backend if spec else "vllm")
     profile_name = args.model_profile or (spec.model.name if spec else None)
     try:
         gpu = gpu_profile(args.gpu)

@@ -48,7 +48,7 @@ def to_manifest(
     pools["decode"]["maxNumSeqs"] = 256
     spec: dict[str, Any] = {
         "model": {"name": model.aliases[0] if model.aliases else model.name, "servedName": served},
-        "engine": {"backend": "vllm", "kvConnector": "nixl"},
+        "runtime": {"backend": "vllm", "kvConnector": "nixl"},
         "prefill": pools["prefill"],
         "decode": pools["decode"],
         "network": {"transport": "rdma" if request.network.name in RDMA_NETWORKS else "tcp"},
@@ -61,7 +61,7 @@ def to_manifest(
     if model.mla_latent_dim is not None:
         spec["model"]["mla"] = True
     if request.max_gpus is not None:
-        spec["autoscaling"]["maxTotalGpus"] = request.max_gpus
+        spec["autoscaling"]["maxTotalGPUs"] = request.max_gpus
     if colocated:
         spec["mode"] = "colocated"
         high = max(1, result.bounds["decode"][1])

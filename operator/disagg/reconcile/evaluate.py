@@ -184,7 +184,7 @@ def pool_shape(
         return part.model_dump(by_alias=True, exclude_defaults=True, mode="json")
 
     pool = {k: v for k, v in wire(spec.pool(role)).items() if k not in IRRELEVANT_TO_SPEED}
-    engine = {k: v for k, v in wire(spec.engine).items() if k != "imagePullPolicy"}
+    engine = {k: v for k, v in wire(spec.runtime).items() if k != "imagePullPolicy"}
     shape = {"model": wire(spec.model), "engine": engine, "image": engine_image(spec, images),
              "role": role, "pool": pool}  # fmt: skip
     relearn = model.metadata.annotations.get(RELEARN_ANNOTATION)
@@ -213,7 +213,9 @@ def pool_policies(model: DisaggregatedModel) -> dict[PoolName, PoolPolicy]:
     for phase in POOLS:
         pool = spec.pool(_pool_of(model, phase))
         # The buckets its p99 is read from: the engine's, or the ones extraArgs set.
-        buckets = latency_buckets(spec.engine.backend, [*spec.engine.extra_args, *pool.extra_args])
+        buckets = latency_buckets(
+            spec.runtime.backend, [*spec.runtime.extra_args, *pool.extra_args]
+        )
         policies[phase] = PoolPolicy(
             slo=slos[phase],
             min_replicas=pool.autoscaling.min_replicas,
@@ -256,7 +258,7 @@ async def read_signals(
     result: dict[PoolName, Signals] = {}
     for phase in POOLS:
         queries = build_queries(
-            model.spec.engine.backend, meta.namespace, meta.name, _pool_of(model, phase),
+            model.spec.runtime.backend, meta.namespace, meta.name, _pool_of(model, phase),
             parse_duration(a.window), overrides,
         )  # fmt: skip
         result[phase] = await source.signals(
@@ -470,7 +472,7 @@ async def mark_cheapest(
     """Give the pool's least-loaded pods the lowest deletion cost (best effort)."""
     running = (
         "vllm:num_requests_running"
-        if model.spec.engine.backend == "vllm"
+        if model.spec.runtime.backend == "vllm"
         else "sglang:num_running_reqs"
     )
     namespace = model.metadata.namespace

@@ -112,7 +112,7 @@ def register_cli(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     add_image_flags(run)
     add_flags(
         run,
-        "Prometheus of the models that name none in spec.autoscaling.prometheusUrl "
+        "Prometheus of the models that name none in spec.autoscaling.prometheusURL "
         "(default: %(default)s)",
     )
     run.set_defaults(func=cmd_run)

@@ -50,7 +50,7 @@ class EngineLaunch:
 
 def engine_port(spec: DisaggregatedModelSpec) -> int:
     """The OpenAI-compatible HTTP port of the engine."""
-    return VLLM_PORT if spec.engine.backend == "vllm" else SGLANG_PORT
+    return VLLM_PORT if spec.runtime.backend == "vllm" else SGLANG_PORT
 
 
 def model_argument(spec: DisaggregatedModelSpec) -> str:
@@ -62,7 +62,7 @@ def model_argument(spec: DisaggregatedModelSpec) -> str:
 
 def kv_transfer_config(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
     """vLLM ``--kv-transfer-config`` of one pool; only keys vLLM 0.33 accepts."""
-    connector = spec.engine.kv_connector
+    connector = spec.runtime.kv_connector
     config: dict[str, Any] = {
         "kv_connector": _VLLM_CONNECTORS[connector],
         "kv_role": _KV_ROLES[role],
@@ -107,8 +107,8 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
         argv += ["--max-num-seqs", str(pool.max_num_seqs)]
     if spec.model.max_model_len is not None:
         argv += ["--max-model-len", str(spec.model.max_model_len)]
-    if spec.engine.kv_cache_dtype != "auto":
-        argv += ["--kv-cache-dtype", spec.engine.kv_cache_dtype]
+    if spec.runtime.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", spec.runtime.kv_cache_dtype]
     hf = spec.model.source.hugging_face
     if hf is not None and hf.revision:
         argv += ["--revision", hf.revision]
@@ -127,7 +127,7 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
 
 def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     pool = spec.pool(role)
-    backend = "nixl" if spec.engine.kv_connector == "nixl" else "mooncake"
+    backend = "nixl" if spec.runtime.kv_connector == "nixl" else "mooncake"
     if backend == "mooncake" and spec.network.transport == "tcp":
         backend = "mooncake_tcp"
     argv = [
@@ -160,9 +160,9 @@ def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
         argv += ["--max-running-requests", str(pool.max_num_seqs)]
     if spec.model.max_model_len is not None:
         argv += ["--context-length", str(spec.model.max_model_len)]
-    if spec.engine.kv_cache_dtype != "auto":
+    if spec.runtime.kv_cache_dtype != "auto":
         # vLLM's "fp8" means fp8_e4m3 on CUDA; SGLang's argparse refuses the alias.
-        dtype = "fp8_e4m3" if spec.engine.kv_cache_dtype == "fp8" else spec.engine.kv_cache_dtype
+        dtype = "fp8_e4m3" if spec.runtime.kv_cache_dtype == "fp8" else spec.runtime.kv_cache_dtype
         argv += ["--kv-cache-dtype", dtype]
     hf = spec.model.source.hugging_face
     if hf is not None and hf.revision:
@@ -222,18 +222,18 @@ def tracing_env(spec: DisaggregatedModelSpec, service: str) -> list[dict[str, An
 def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
     """The argv, environment, ports and pod annotations of one pool's engine."""
     pool = spec.pool(role)
-    vllm = spec.engine.backend == "vllm"
+    vllm = spec.runtime.backend == "vllm"
     port = engine_port(spec)
     argv = _vllm_argv(spec, role) if vllm else _sglang_argv(spec, role)
-    argv += [*spec.engine.extra_args, *pool.extra_args]
+    argv += [*spec.runtime.extra_args, *pool.extra_args]
     colocated = _colocated(role)
     base_env: list[dict[str, Any]] = [
         {"name": "DISAGG_ROLE", "value": role},
-        {"name": "DISAGG_BACKEND", "value": spec.engine.backend},
+        {"name": "DISAGG_BACKEND", "value": spec.runtime.backend},
         *(
             []
             if colocated
-            else [{"name": "DISAGG_KV_CONNECTOR", "value": spec.engine.kv_connector}]
+            else [{"name": "DISAGG_KV_CONNECTOR", "value": spec.runtime.kv_connector}]
         ),
         _pod_ip("POD_IP"),
     ]
@@ -245,14 +245,14 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
             _pod_ip("VLLM_NIXL_SIDE_CHANNEL_HOST"),
             {"name": "VLLM_NIXL_SIDE_CHANNEL_PORT", "value": str(NIXL_SIDE_CHANNEL_PORT)},
         ]
-        if spec.engine.kv_connector == "nixl":
+        if spec.runtime.kv_connector == "nixl":
             ports += [
                 ContainerPort(
                     "nixl" if rank == 0 else f"nixl-{rank}", NIXL_SIDE_CHANNEL_PORT + rank
                 )
                 for rank in range(pool.data_parallel_size)
             ]
-        if spec.engine.kv_connector == "mooncake" and role == "prefill":
+        if spec.runtime.kv_connector == "mooncake" and role == "prefill":
             base_env.append({"name": "VLLM_MOONCAKE_BOOTSTRAP_PORT", "value": str(BOOTSTRAP_PORT)})
             ports.append(ContainerPort("bootstrap", BOOTSTRAP_PORT))
     elif not vllm:
@@ -273,7 +273,7 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
             )
     transport = [] if colocated else _transport_env(spec)
     traced = tracing_env(spec, f"{spec.served_name}-{role}")
-    env = _merge_env(base_env, transport, traced, _user_env(spec.engine.env), _user_env(pool.env))
+    env = _merge_env(base_env, transport, traced, _user_env(spec.runtime.env), _user_env(pool.env))
     return EngineLaunch(
         argv=argv, env=env, ports=ports, http_port=port, pod_annotations=annotations
     )

@@ -31,7 +31,7 @@ def router_args(ctx: RenderContext) -> list[str]:
         "--host", "0.0.0.0",
         "--port", str(spec.router.port),
         "--served-model-name", spec.served_name,
-        "--backend", spec.engine.backend,
+        "--backend", spec.runtime.backend,
         "--discover",
         "--namespace", ctx.namespace,
         *_tracing_args(ctx),
@@ -71,7 +71,7 @@ def _tracing_args(ctx: RenderContext) -> list[str]:
 def _offload_args(ctx: RenderContext) -> list[str]:
     spec = ctx.model.spec
     offload = spec.router.prefill_offload
-    if spec.engine.backend != "vllm" or offload.max_prompt_tokens == 0:
+    if spec.runtime.backend != "vllm" or offload.max_prompt_tokens == 0:
         return []
     wait = offload.wait_fraction * parse_duration(spec.autoscaling.ttft_p99)
     return [

@@ -61,7 +61,7 @@ def latency_query(ctx: RenderContext, role: Role) -> str:
         else {}
     )
     queries = build_queries(
-        spec.engine.backend,
+        spec.runtime.backend,
         ctx.namespace,
         ctx.name,
         role,

@@ -21,9 +21,9 @@ STARTUP_BUDGET_SECONDS: Final = 1800
 
 def engine_image(spec: DisaggregatedModelSpec, images: DataPlaneImages = DEFAULT_IMAGES) -> str:
     """The engine image in force (the bundled one of the backend unless overridden)."""
-    if spec.engine.image:
-        return spec.engine.image
-    return images.vllm if spec.engine.backend == "vllm" else images.sglang
+    if spec.runtime.image:
+        return spec.runtime.image
+    return images.vllm if spec.runtime.backend == "vllm" else images.sglang
 
 
 def pool_replicas(ctx: RenderContext, role: Role) -> int | None:
@@ -94,7 +94,7 @@ def _container(
     container: Manifest = {
         "name": "engine",
         "image": image,
-        "imagePullPolicy": spec.engine.image_pull_policy,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": LAUNCHER,
         "args": launch.argv,
         "ports": [
