@@ -61,7 +61,7 @@ BROKEN: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     (
-        "the lmcache connector needs engine.backend vllm",
+        "the lmcache connector needs runtime.backend vllm",
         {"runtime": {"backend": "sglang", "kvConnector": "lmcache"}},
     ),
     ("autoscaling.maxTotalGPUs is smaller", {"autoscaling": {"maxTotalGPUs": 1}}),
