@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from disagg.demo.procs import Kube, Operator, Timeout, wait_for
+from disagg.demo.procs import LOG_DIR, Kube, Operator, Timeout, wait_for
+from disagg.devcluster.layout import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "manifests" / "examples"
@@ -70,3 +75,27 @@ def scoped_operator(kube: Kube, namespace: str, log_name: str, *extra: str) -> O
         *extra,
         log_name=log_name,
     )
+
+
+@contextmanager
+def emulated_pods(namespace: str, log_name: str, time_scale: float) -> Iterator[None]:
+    """The pod emulator for ``namespace``, routers included: every pod the operator creates
+    runs (an engine simulator, or ``disagg router`` with the rendered arguments)."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    with (LOG_DIR / f"podemu-{log_name}-{namespace}.log").open("wb") as log:
+        emulator = subprocess.Popen(
+            [
+                sys.executable, "-m", "disagg.cli", "dev", "emulate-pods",
+                "--namespace", namespace, "--time-scale", f"{time_scale:g}", "--routers",
+                "--sd-port", str(free_port()),
+            ],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        emulator.terminate()
+        try:
+            emulator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            emulator.kill()

@@ -594,10 +594,7 @@ def _burn_alert(model: str, kind: str, burn: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Path) -> None:
-    """The chart's PrometheusRule, as rendered, under Debian's promtool: a fast burn pages,
-    a slow one files a ticket, a model within its budget is left alone, and an autoscaler
-    that cannot read its metrics is reported. Series are what the operator exports."""
+def _rules(tmp_path: Path) -> None:
     (rule,) = [
         d
         for d in _docs(helm("template", "r", str(CHART), "--set",
@@ -605,6 +602,27 @@ def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Pat
         if d["kind"] == "PrometheusRule"
     ]  # fmt: skip
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+
+
+def _promtool_test(tmp_path: Path, series: list[dict[str, str]], alerts: list[Any]) -> None:
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}],
+    }
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(tmp_path / "tests.yaml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Path) -> None:
+    """The chart's PrometheusRule, as rendered, under Debian's promtool: a fast burn pages,
+    a slow one files a ticket, a model within its budget is left alone, and an autoscaler
+    that cannot read its metrics is reported. Series are what the operator exports."""
+    _rules(tmp_path)
     window = 672 * 3600  # the default sloWindow: a page at 13.44x, a ticket at 5.6x
 
     def model(name: str, missed_per_minute: int, blind: bool = False) -> list[dict[str, str]]:
@@ -633,55 +651,17 @@ def test_the_slo_burn_rate_alerts_page_on_what_the_operator_counts(tmp_path: Pat
             "condition's message says why).",
         },
     }
-    tests = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            "alert_rule_test": [
-                {"eval_time": "390m", "alertname": "DisaggSLOBudgetFastBurn",
-                 "exp_alerts": [_burn_alert("burning", "fast", "20.0")]},
-                {"eval_time": "390m", "alertname": "DisaggSLOBudgetSlowBurn",
-                 "exp_alerts": [_burn_alert("burning", "slow", "20.0"),
-                                _burn_alert("leaking", "slow", "8.0")]},
-                {"eval_time": "390m", "alertname": "DisaggAutoscalerMetricsUnavailable",
-                 "exp_alerts": [blind]},
-                # A minute into the burn the page waits for its `for`.
-                {"eval_time": "1m", "alertname": "DisaggSLOBudgetFastBurn", "exp_alerts": []},
-            ],
-        }],
-    }  # fmt: skip
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
-    result = subprocess.run(
-        ["promtool", "test", "rules", str(tmp_path / "tests.yaml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def _rules(tmp_path: Path) -> None:
-    (rule,) = [
-        d
-        for d in _docs(helm("template", "r", str(CHART), "--set",
-                            "metrics.prometheusRule.enabled=true").stdout)
-        if d["kind"] == "PrometheusRule"
-    ]  # fmt: skip
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
-
-
-def _promtool_test(tmp_path: Path, series: list[dict[str, str]], alerts: list[Any]) -> None:
-    tests = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": alerts}],
-    }
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
-    result = subprocess.run(
-        ["promtool", "test", "rules", str(tmp_path / "tests.yaml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    _promtool_test(tmp_path, series, [
+        {"eval_time": "390m", "alertname": "DisaggSLOBudgetFastBurn",
+         "exp_alerts": [_burn_alert("burning", "fast", "20.0")]},
+        {"eval_time": "390m", "alertname": "DisaggSLOBudgetSlowBurn",
+         "exp_alerts": [_burn_alert("burning", "slow", "20.0"),
+                        _burn_alert("leaking", "slow", "8.0")]},
+        {"eval_time": "390m", "alertname": "DisaggAutoscalerMetricsUnavailable",
+         "exp_alerts": [blind]},
+        # A minute into the burn the page waits for its `for`.
+        {"eval_time": "1m", "alertname": "DisaggSLOBudgetFastBurn", "exp_alerts": []},
+    ])  # fmt: skip
 
 
 def test_a_pool_capped_while_over_its_slo_and_decode_only_fallbacks_alert(tmp_path: Path) -> None:

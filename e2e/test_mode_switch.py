@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -24,10 +22,8 @@ import aiohttp
 import pytest
 import yaml
 
-from dataplane import LOG_DIR
 from disagg.demo.procs import long_prompt
-from disagg.devcluster.layout import free_port
-from harness import Kube, condition, example, scoped_operator, wait_for
+from harness import Kube, condition, emulated_pods, example, scoped_operator, wait_for
 
 MODEL = "chat"
 
@@ -117,26 +113,9 @@ class Traffic:
 
 
 @pytest.fixture
-def emulated(kube: Kube, namespace: str) -> Iterator[None]:
-    """The pod emulator for the namespace, routers included."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with (LOG_DIR / f"podemu-switch-{namespace}.log").open("wb") as log:
-        emulator = subprocess.Popen(
-            [
-                sys.executable, "-m", "disagg.cli", "dev", "emulate-pods",
-                "--namespace", namespace, "--time-scale", "1", "--routers",
-                "--sd-port", str(free_port()),
-            ],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    try:
+def emulated(namespace: str) -> Iterator[None]:
+    with emulated_pods(namespace, "switch", 1):
         yield
-    finally:
-        emulator.terminate()
-        try:
-            emulator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            emulator.kill()
 
 
 def _deployments(kube: Kube, namespace: str) -> set[str]:

@@ -10,8 +10,6 @@ here (the Collector's protobuf request, decoded with the OpenTelemetry proto pac
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,10 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from dataplane import LOG_DIR
 from disagg.demo.procs import long_prompt
 from disagg.devcluster.layout import free_port
-from harness import Kube, condition, example, scoped_operator, wait_for
+from harness import Kube, condition, emulated_pods, example, scoped_operator, wait_for
 
 MODEL = "traced"
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -119,26 +116,9 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture
-def emulated(kube: Kube, namespace: str) -> Iterator[None]:
-    """The pod emulator for the namespace, routers included."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    with (LOG_DIR / f"podemu-tracing-{namespace}.log").open("wb") as log:
-        emulator = subprocess.Popen(
-            [
-                sys.executable, "-m", "disagg.cli", "dev", "emulate-pods",
-                "--namespace", namespace, "--time-scale", "0.2", "--routers",
-                "--sd-port", str(free_port()),
-            ],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    try:
+def emulated(namespace: str) -> Iterator[None]:
+    with emulated_pods(namespace, "tracing", 0.2):
         yield
-    finally:
-        emulator.terminate()
-        try:
-            emulator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            emulator.kill()
 
 
 def _manifest(endpoint: str) -> dict[str, Any]:
