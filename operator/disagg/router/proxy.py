@@ -22,7 +22,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -41,6 +41,7 @@ from disagg.router.state import (
     error_response,
     note_failure,
     open_decode,
+    record_outcome,
 )
 from disagg.routing.affinity import decode_alone
 from disagg.routing.offload import slot
@@ -174,7 +175,7 @@ async def _decode(
             tracing.leg(
                 "decode", endpoint.url, **{"disagg.kv_handed_over": handoff is not None}
             ) as span,
-            _until_first_token(call, done, handoff) as first_token,
+            tracing.until_first_token(call.span, call.arrival, handoff, done) as first_token,
         ):
             try:
                 upstream = await open_decode(
@@ -213,35 +214,12 @@ async def _decode(
                 upstream.release()
         if answer is not None and answer.text is not None:
             _note_answer(router, endpoint, call, answer.text)
-        _outcome(router, call, route, response.status, endpoint)
+        record_outcome(router, call, route, response.status, endpoint)
         return response
-    _outcome(router, call, route, 503)
+    record_outcome(router, call, route, 503)
     return error_response(
         503, "no decode engine could serve the request", "ServiceUnavailableError"
     )
-
-
-def _outcome(
-    router: Router, call: Call, route: str, status: int, decode: Endpoint | None = None
-) -> None:
-    """Count the request by the path it took, and say it on its span."""
-    router.metrics.requests.labels(path=route, code=str(status)).inc()
-    call.span.set_attribute("disagg.path", route)
-    call.span.set_attribute("http.response.status_code", status)
-    if decode is not None:
-        call.span.set_attribute("disagg.decode_engine", decode.url)
-
-
-@contextlib.contextmanager
-def _until_first_token(
-    call: Call, done: Callable[[], None], handoff: tracing.Span | None
-) -> Iterator[Callable[[], None]]:
-    """What the relay calls at the first token (``done`` frees a local-prefill slot); an
-    attempt that fails before it ends the KV hand-off span there."""
-    try:
-        yield tracing.at_first_token(call.span, call.arrival, handoff, done)
-    finally:
-        tracing.end(handoff)
 
 
 def _local_prefill(
@@ -280,7 +258,7 @@ async def _serve_vllm(request: web.Request, router: Router, call: Call) -> web.S
             try:
                 kv_params = await _prefill(router, call)
             except EngineRejected as rejected:
-                _outcome(router, call, "rejected", rejected.status)
+                record_outcome(router, call, "rejected", rejected.status)
                 return rejected.response({"X-Request-Id": call.request_id})
             if kv_params is not None:
                 route = "disaggregated"

@@ -31,6 +31,7 @@ from disagg.router.state import (
     error_response,
     note_failure,
     open_decode,
+    record_outcome,
 )
 
 log = logging.getLogger("disagg.router.sglang")
@@ -97,20 +98,17 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
             router.metrics.track(prefill, "prefill"),
             router.metrics.track(decode, "decode"),
             tracing.leg("decode", decode.url, **{"disagg.kv_handed_over": True}) as span,
+            tracing.until_first_token(call.span, call.arrival, handoff, lambda: None) as first,
         ):
             decode_task = asyncio.create_task(
                 open_decode(router, decode, path, paired, tracing.outgoing(headers))
             )
-
             try:
                 upstream = await _decode_unless_prefill_fails(prefill_task, decode_task)
             except EngineRejected as rejected:
-                tracing.end(handoff)
-                call.span.set_attribute("disagg.path", "rejected")
-                router.metrics.requests.labels(path="rejected", code=str(rejected.status)).inc()
+                record_outcome(router, call, "rejected", rejected.status)
                 return rejected.response({"X-Request-Id": request_id})
             except (aiohttp.ClientError, TimeoutError, UpstreamError) as failure:
-                tracing.end(handoff)
                 tracing.failed(span, failure)
                 for task in (prefill_task, decode_task):
                     task.cancel()
@@ -136,25 +134,17 @@ async def handle_sglang(request: web.Request, router: Router, call: Call) -> web
                     "disaggregated",
                     request_id,
                     call.arrival,
-                    first_token=tracing.at_first_token(
-                        call.span, call.arrival, handoff, lambda: None
-                    ),
+                    first_token=first,
                 )
             finally:
-                tracing.end(handoff)
                 upstream.release()
                 if not prefill_task.done():
                     prefill_task.cancel()
                 with contextlib.suppress(BaseException):
                     await prefill_task
-        router.metrics.requests.labels(path="disaggregated", code=str(response.status)).inc()
-        call.span.set_attribute("disagg.path", "disaggregated")
-        call.span.set_attribute("disagg.decode_engine", decode.url)
-        call.span.set_attribute("http.response.status_code", response.status)
+        record_outcome(router, call, "disaggregated", response.status, decode)
         return response
-    call.span.set_attribute("disagg.path", "disaggregated")
-    call.span.set_attribute("http.response.status_code", 503)
-    router.metrics.requests.labels(path="disaggregated", code="503").inc()
+    record_outcome(router, call, "disaggregated", 503)
     return error_response(
         503, "no prefill/decode pair could serve the request", "ServiceUnavailableError"
     )

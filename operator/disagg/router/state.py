@@ -93,6 +93,18 @@ class Call:
     """The request's span (:mod:`disagg.router.tracing`; a no-op one when not traced)."""
 
 
+def record_outcome(
+    router: Router, call: Call, route: str, status: int, decode: Endpoint | None = None
+) -> None:
+    """Count the request by the path it took and its answer's status, and say both (and the
+    decode engine that answered) on its span."""
+    router.metrics.requests.labels(path=route, code=str(status)).inc()
+    call.span.set_attribute("disagg.path", route)
+    call.span.set_attribute("http.response.status_code", status)
+    if decode is not None:
+        call.span.set_attribute("disagg.decode_engine", decode.url)
+
+
 class EngineRejected(Exception):
     """The engine refused the request itself (a 4xx other than 408/429): the client's
     mistake, answered as the engine said, not retried and not an engine failure."""

@@ -77,18 +77,23 @@ def end(span: Span | None) -> None:
         span.end()
 
 
-def at_first_token(
+@contextlib.contextmanager
+def until_first_token(
     request: Span, arrival: float, handoff: Span | None, also: Callable[[], None]
-) -> Callable[[], None]:
+) -> Iterator[Callable[[], None]]:
     """What the relay calls at the first token: ``also``, the hand-off span ends, and the
-    request's span records the TTFT (seconds since ``arrival``, on the monotonic clock)."""
+    request's span records the TTFT (seconds since ``arrival``, on the monotonic clock). An
+    attempt that leaves the block before its first token ends the hand-off there."""
 
     def first_token() -> None:
         also()
         end(handoff)
         request.set_attribute("disagg.ttft_seconds", time.monotonic() - arrival)
 
-    return first_token
+    try:
+        yield first_token
+    finally:
+        end(handoff)
 
 
 __all__ = [
@@ -96,7 +101,6 @@ __all__ = [
     "Span",
     "SpanKind",
     "TracingUnavailable",
-    "at_first_token",
     "configure",
     "end",
     "failed",
@@ -104,4 +108,5 @@ __all__ = [
     "incoming",
     "leg",
     "outgoing",
+    "until_first_token",
 ]
