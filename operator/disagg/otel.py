@@ -9,7 +9,8 @@ event loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -43,6 +44,20 @@ def configure(
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint, timeout=10)))
     trace.set_tracer_provider(provider)
     return provider.shutdown
+
+
+@contextlib.contextmanager
+def exporting(
+    endpoint: str | None, ratio: float, service: str, attributes: Mapping[str, str]
+) -> Iterator[None]:
+    """:func:`configure` for the block's duration (nothing when ``endpoint`` is None), and
+    the spans still batched sent when it ends."""
+    stop = configure(endpoint, ratio, service, attributes) if endpoint else None
+    try:
+        yield
+    finally:
+        if stop is not None:
+            stop()
 
 
 def incoming(headers: Mapping[str, str]) -> Context:

@@ -12,13 +12,13 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from disagg import otel
 from disagg.kube.client import KubeClient
-from disagg.router import tracing
 from disagg.router.app import build_app
 from disagg.router.deadline import HeaderDeadline
 from disagg.router.discovery import watch_pool
@@ -349,19 +349,15 @@ def cmd_router(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    stop_tracing: Callable[[], object] = lambda: None  # noqa: E731
-    if args.otlp_endpoint:
-        attributes = {"disagg.served_model_name": args.served_model_name or ""}
-        if args.namespace:
-            attributes["k8s.namespace.name"] = args.namespace
-        try:
-            stop_tracing = tracing.configure(
-                args.otlp_endpoint, args.trace_sampling_ratio, args.otlp_service_name, attributes
-            )
-        except tracing.TracingUnavailable as problem_:
-            print(f"error: {problem_}", file=sys.stderr)
-            return 2
+    attributes = {"disagg.served_model_name": args.served_model_name or ""}
+    if args.namespace:
+        attributes["k8s.namespace.name"] = args.namespace
+    traced = otel.exporting(
+        args.otlp_endpoint, args.trace_sampling_ratio, args.otlp_service_name, attributes
+    )
     try:
-        return asyncio.run(_serve(args))
-    finally:
-        stop_tracing()  # the spans still batched are sent before the process ends
+        with traced:
+            return asyncio.run(_serve(args))
+    except otel.TracingUnavailable as problem_:
+        print(f"error: {problem_}", file=sys.stderr)
+        return 2

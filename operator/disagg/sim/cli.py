@@ -197,16 +197,16 @@ def cmd_engine(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    stop_tracing: Callable[[], object] = lambda: None  # noqa: E731
+    ratio = 1.0
     if args.otlp_traces_endpoint:
         try:
             ratio = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1"))
-            service = os.environ.get("OTEL_SERVICE_NAME", f"disagg-sim-{args.role}")
-            stop_tracing = otel.configure(args.otlp_traces_endpoint, ratio, service, {})
-        except (otel.TracingUnavailable, ValueError) as problem:
+        except ValueError as problem:
             raise SystemExit(f"error: {problem}") from None
+    service = os.environ.get("OTEL_SERVICE_NAME", f"disagg-sim-{args.role}")
     try:
-        asyncio.run(_serve(args))
-    finally:
-        stop_tracing()
+        with otel.exporting(args.otlp_traces_endpoint, ratio, service, {}):
+            asyncio.run(_serve(args))
+    except otel.TracingUnavailable as problem:
+        raise SystemExit(f"error: {problem}") from None
     return 0
