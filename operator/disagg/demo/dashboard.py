@@ -79,12 +79,7 @@ def draw(panels: list[PanelData], path: Path, title: str) -> Path:
             if finite:
                 ax.plot(*zip(*finite, strict=True), label=line.legend, linewidth=1.2)
         ax.set_title(panel.title, fontsize=10, loc="left")
-        ax.set_ylabel(
-            {"s": "seconds", "percentunit": "share", "reqps": "req/s", "Bps": "bytes/s"}.get(
-                panel.unit, ""
-            ),
-            fontsize=8,
-        )
+        ax.set_ylabel(UNITS.get(panel.unit, ""), fontsize=8)
         ax.tick_params(labelsize=8)
         if panel.lines:
             ax.legend(fontsize=7, loc="upper left")

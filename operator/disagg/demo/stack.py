@@ -279,15 +279,18 @@ def _instant(prom_url: str, query: str) -> float | None:
     return None if value != value else value
 
 
+def _engine_targets(namespace: str) -> str:
+    """The scrape targets of the namespace's engine pods (its routers are scraped too)."""
+    return f'up{{namespace="{namespace}", disagg_role!="router"}}'
+
+
 def _latest_scrape(prom_url: str, namespace: str) -> float:
     """The newest sample time of the namespace's engine targets (0 when unknown)."""
-    engines = f'namespace="{namespace}", disagg_role!="router"'
-    return _instant(prom_url, f"min(timestamp(up{{{engines}}}))") or 0.0
+    return _instant(prom_url, f"min(timestamp({_engine_targets(namespace)}))") or 0.0
 
 
 def _pods_scraped(prom_url: str, namespace: str) -> int:
-    engines = f'namespace="{namespace}", disagg_role!="router"'
-    return int(_instant(prom_url, f"count(up{{{engines}}} == 1)") or 0)
+    return int(_instant(prom_url, f"count({_engine_targets(namespace)} == 1)") or 0)
 
 
 class ReplicaRecorder:

@@ -120,14 +120,17 @@ def router_argv(pod: dict[str, Any], kubeconfig: str) -> list[str] | None:
     return ["router", *args, "--host", ip, "--kubeconfig", kubeconfig]
 
 
+def plain_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The container's environment given as values (not read from Secrets or fields) (pure)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    env = (containers or [{}])[0].get("env", [])
+    return {e["name"]: str(e["value"]) for e in env if "value" in e}
+
+
 def otel_env(pod: dict[str, Any]) -> dict[str, str]:
     """The container's OpenTelemetry settings (service name, sampler, protocol), which the
     engine it plays reads from its environment (pure)."""
-    containers = pod.get("spec", {}).get("containers", [])
-    env = (containers or [{}])[0].get("env", [])
-    return {
-        e["name"]: str(e["value"]) for e in env if "value" in e and e["name"].startswith("OTEL_")
-    }
+    return {name: value for name, value in plain_env(pod).items() if name.startswith("OTEL_")}
 
 
 def pre_stop_sleep(pod: dict[str, Any]) -> float:
@@ -148,8 +151,8 @@ def pre_stop_argv(pod: dict[str, Any]) -> tuple[list[str], dict[str, str]] | Non
     command = [str(c) for c in hook.get("command", [])]
     if command[:2] != ["disagg-engine", "drain"]:
         return None
-    env = {e["name"]: str(e["value"]) for e in containers[0].get("env", []) if "value" in e}
-    return [sys.executable, "-m", "disagg_engine.cli", *command[1:], "--host", ip], env
+    argv = [sys.executable, "-m", "disagg_engine.cli", *command[1:], "--host", ip]
+    return argv, plain_env(pod)
 
 
 @dataclass
