@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -78,12 +79,11 @@ def test_image_entrypoints_exist_and_run(argv: list[str]) -> None:
     assert "usage: disagg" in result.stdout
 
 
-def _third_party_imports(start: str) -> set[str]:
+@functools.cache
+def _third_party_imports(start: str) -> frozenset[str]:
     """Top-level names of the non-stdlib packages that ``start`` (a package or module of
     disagg) imports, directly or through other disagg modules, anywhere in their code."""
-    import grimp
-
-    graph = grimp.build_graph("disagg", include_external_packages=True)
+    graph = _import_graph()
     pending = [m for m in graph.modules if m == start or m.startswith(start + ".")]
     seen: set[str] = set()
     while pending:
@@ -92,10 +92,18 @@ def _third_party_imports(start: str) -> set[str]:
             seen.add(module)
             pending.extend(graph.find_modules_directly_imported_by(module))
     roots = {m.split(".")[0] for m in seen}
-    return {r for r in roots if r != "disagg" and r not in sys.stdlib_module_names}
+    return frozenset(r for r in roots if r != "disagg" and r not in sys.stdlib_module_names)
 
 
-def _owners(imports: set[str]) -> dict[str, set[str]]:
+@functools.cache
+def _import_graph() -> Any:
+    """disagg's import graph, external packages included (built once: it takes seconds)."""
+    import grimp
+
+    return grimp.build_graph("disagg", include_external_packages=True)
+
+
+def _owners(imports: frozenset[str]) -> dict[str, set[str]]:
     """Each imported name's installed distributions (several for a namespace package such
     as ``opentelemetry``)."""
     from importlib.metadata import packages_distributions
