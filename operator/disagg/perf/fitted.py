@@ -9,11 +9,17 @@ they make the fleet simulator comparable with the paper.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from disagg.perf.roofline import EngineShape, PrefillChunk, StepTime, step_time
+from disagg.perf.roofline import (
+    EngineShape,
+    PrefillChunk,
+    StepTime,
+    decode_step_time,
+    step_time,
+)
 
 LARGE_BATCH: Final = 95
 
@@ -36,10 +42,14 @@ class FittedPhases:
             lengths = [x.new_tokens for x in chunks]
             ms += a + b * sum(lengths) + c * sum(n * n for n in lengths)
         if contexts:
-            large = self.decode_large_batch if len(contexts) >= LARGE_BATCH else None
-            a, b, c = large or self.decode
-            ms += a + b * sum(contexts) + c * len(contexts)
+            ms += self.decode_ms(len(contexts), sum(contexts))
         return ms
+
+    def decode_ms(self, batch: int, context: int) -> float:
+        """A decode-only step of ``batch`` sequences holding ``context`` tokens in all."""
+        large = self.decode_large_batch if batch >= LARGE_BATCH else None
+        a, b, c = large or self.decode
+        return a + b * context + c * batch
 
 
 @dataclass(frozen=True)
@@ -52,13 +62,20 @@ class FittedModel:
     def __call__(
         self, shape: EngineShape, chunks: Sequence[PrefillChunk], contexts: Sequence[int]
     ) -> float:
+        return self._phases(shape).step_ms(chunks, contexts) / 1000
+
+    def _phases(self, shape: EngineShape) -> FittedPhases:
         phases = self.by_tp.get(shape.tp)
         if phases is None:
             raise ValueError(
                 f"the fitted model {self.name} has coefficients for TP "
                 f"{sorted(self.by_tp)}, not TP {shape.tp}"
             )
-        return phases.step_ms(chunks, contexts) / 1000
+        return phases
+
+    def decode_step_time(self, shape: EngineShape, batch: int, context: int) -> float:
+        """A decode-only step by its batch and total context, as :func:`decode_step_model`."""
+        return self._phases(shape).decode_ms(batch, context) / 1000
 
 
 DISTSERVE_OPT13B_A100: Final = FittedModel(
@@ -79,6 +96,20 @@ DISTSERVE_OPT13B_A100: Final = FittedModel(
 
 FITTED_MODELS: Final[dict[str, FittedModel]] = {DISTSERVE_OPT13B_A100.name: DISTSERVE_OPT13B_A100}
 LATENCY_MODELS: Final = ("roofline", *sorted(FITTED_MODELS))
+
+
+DecodeStepTime = Callable[[EngineShape, int, int], float]
+"""Seconds of one decode-only step from its batch size and the batch's total context."""
+
+
+def decode_step_model(model: StepTime) -> DecodeStepTime:
+    """The decode-only form of a latency model. Both models here time such a step by its
+    batch and total context alone; any other model is asked with the total as one context."""
+    if model is step_time:
+        return decode_step_time
+    if isinstance(model, FittedModel):
+        return model.decode_step_time
+    return lambda shape, batch, context: model(shape, (), [context, *[0] * (batch - 1)])
 
 
 def latency_model(name: str) -> StepTime:

@@ -99,8 +99,13 @@ def step_time(
 
 def _decode_step_time(shape: EngineShape, contexts: Sequence[int]) -> float:
     """The decode-only case of :func:`step_time`, which the fleet simulator runs most."""
+    return decode_step_time(shape, len(contexts), sum(contexts))
+
+
+def decode_step_time(shape: EngineShape, batch: int, context: int) -> float:
+    """A decode-only step of ``batch`` sequences holding ``context`` tokens in all: all the
+    roofline needs of them, so a run of steps is timed without summing the batch each step."""
     per_sequence, per_context, weights, kv, flop_rate, byte_rate = shape.decode_terms
-    batch, context = len(contexts), sum(contexts)
     compute = (per_sequence * batch + per_context * context) / flop_rate
     memory = (weights + kv * context) / byte_rate
     return shape.decode_overhead + max(compute, memory) + _allreduce(shape, batch)

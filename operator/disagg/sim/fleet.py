@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Final
 
+from disagg.perf.fitted import decode_step_model
 from disagg.perf.roofline import (
     EngineShape,
     NetworkProfile,
@@ -74,6 +75,7 @@ class Fleet:
 
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
+        self._decode_step = decode_step_model(config.step_time)
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -193,14 +195,14 @@ class Fleet:
             return  # a first token is an event the outcome must record at its own time
         # Capped: a dispatch cuts the run, and steps computed past the cut are wasted work.
         steps = min(RUN_LOOKAHEAD, *(r.max_tokens - r.generated for r in step.decodes))
-        # A decode step's time depends on the batch size and the total context only, so one
-        # element can carry the batch's growth.
-        contexts = [r.context for r in step.decodes]
+        # A decode step's time depends on the batch size and the total context only.
+        batch = len(step.decodes)
+        context = sum(r.context for r in step.decodes)
         ends = engine.run_ends
         shape = engine.scheduler.shape
         while len(ends) < steps:
-            contexts[0] += len(contexts)
-            end = ends[-1] + self.config.step_time(shape, (), contexts)
+            context += batch
+            end = ends[-1] + self._decode_step(shape, batch, context)
             if end > self._horizon:
                 return
             ends.append(end)
