@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,7 +192,16 @@ def test_prompts_no_size_can_serve_are_reported_with_the_tp_that_would() -> None
     assert "TP2 (more GPUs than --max-gpus) would serve 32 of them" in reason
     sizing = result.chosen.sizing
     assert sizing is not None and sizing.goal < 0.99  # judged against what can be served
-    assert verify(result, one_gpu).replayed >= sizing.goal - 0.005
+    assert result.goal == sizing.goal
+    (weighed,) = [r for r in result.reasons if r.startswith("no shape reaches the target")]
+    assert f"judged by {result.goal:.1%}" in weighed and result.chosen.label in weighed
+    assert "ceiling" in weighed and "1 GPU" in weighed
+    replay = verify(result, one_gpu)
+    assert replay.replayed >= sizing.goal - 0.005 and replay.agrees
+    # A replay that misses the goal the size was planned for is flagged even when it is
+    # within two points of the prediction.
+    missed = replace(replay, predicted=result.goal + 0.004, replayed=result.goal - 0.015)
+    assert not missed.agrees and "misses" in missed.describe()
     # Given the GPUs, the plan picks a shape whose prefill is fast enough for them all.
     free = plan(_request("ib400", 0, 0, 0, 1.0, 0.05, traffic=traffic))
     assert not any("cannot meet the SLOs at any size" in r for r in free.reasons)

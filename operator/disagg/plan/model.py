@@ -105,6 +105,9 @@ class Plan:
     chosen: Option
     options: list[Option]
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)
+    goal: float = 0.0
+    """The attainment the chosen size was searched for: the target, or half a point under
+    the best ceiling any shape reaches when the target is out of reach."""
 
 
 def engine_shape(request: PlanRequest, tp: int) -> EngineShape:

@@ -27,7 +27,7 @@ from disagg.plan.model import (
     Prediction,
     engine_shape,
 )
-from disagg.plan.reasons import explain, one_mode_reason, split_decision
+from disagg.plan.reasons import ceilings_reason, explain, one_mode_reason, split_decision
 from disagg.plan.sizing import Bar, Profile, Sizing, profile, size
 from disagg.plan.traffic import PlanInputError
 from disagg.plan.windows import Candidate, Context
@@ -55,7 +55,7 @@ def plan(request: PlanRequest, executor: Executor | None = None) -> Plan:
     ranked = _ranked(guessed, request.slo.tpot)
     sizings = _size_promising(context, ranked, executor)
     finalists = [s.candidate for s in sizings]
-    goal = max(s.goal for s in sizings)
+    goal = plan_goal(request.slo.attainment, sizings)
     sized = [_option(request, s, goal) for s in sizings]
     options = sized + [g.option for g in guessed if g.candidate not in finalists]
     hopeless = [g for g in guessed if g.hopeless(request.slo.tpot) and g.candidate not in finalists]
@@ -81,6 +81,8 @@ def plan(request: PlanRequest, executor: Executor | None = None) -> Plan:
         wins, rule = split_decision(split, colocated)
         chosen = split if wins else colocated
     reasons = explain(request, degrees, colocated, split, chosen, rule)
+    if goal < request.slo.attainment:
+        reasons.insert(-1, ceilings_reason(sized, goal))
     if hopeless:
         worst = min(hopeless, key=lambda g: g.mixed_tpot)
         reasons.insert(
@@ -89,7 +91,16 @@ def plan(request: PlanRequest, executor: Executor | None = None) -> Plan:
             f"chunks in their decode steps make TPOT about {worst.mixed_tpot * 1000:.1f} ms "
             f"or more ({worst.option.label}), over the {request.slo.tpot * 1000:g} ms SLO",
         )
-    return Plan(chosen.mode, reasons, chosen, options, _bounds(request, chosen))
+    return Plan(chosen.mode, reasons, chosen, options, _bounds(request, chosen), goal)
+
+
+def plan_goal(target: float, sizings: list[Sizing]) -> float:
+    """The one goal every shape is judged by: the target, or, when no shape can reach it,
+    half a point under the best ceiling of any shape (a shape's ceiling is what it serves at
+    twice its size, or, where that was not measured, the share of requests it can serve at
+    all). Chasing the last half point of a ceiling buys a large fleet for a fraction of a
+    point; any shape within it is a candidate, and the cheapest wins."""
+    return max(s.goal for s in sizings) if sizings else target
 
 
 def _feasible_degrees(request: PlanRequest) -> list[int]:
@@ -221,6 +232,8 @@ def _size_promising(
     first = [guesses[0] for guesses in ranked.values() if guesses]
     sizings = run(first)
     reached = max(s.goal for s in sizings)
+    # A shape that serves fewer requests at any size than a goal already met cannot win.
+    ranked = {mode: [g for g in gs if g.reachable >= bar.goal] for mode, gs in ranked.items()}
     runners_up = []
     for mode, guesses in ranked.items():
         mine = [(g, s) for g, s in zip(first, sizings, strict=True) if g.candidate.mode == mode]

@@ -56,6 +56,28 @@ def one_mode_reason(chosen: Option, sized: list[Option], goal: float, max_gpus: 
     )
 
 
+def ceilings_reason(sized: list[Option], goal: float) -> str:
+    """When the target is out of reach: what each simulated shape serves at its size, the most
+    it serves at any size, and what it costs, so the user sees what the goal weighed."""
+    parts = []
+    for option in sorted(sized, key=lambda o: o.gpus):
+        sizing, prediction = option.sizing, option.prediction
+        assert sizing is not None and prediction is not None
+        ceiling = (
+            f"ceiling {sizing.ceiling:.1%}"
+            if sizing.ceiling is not None
+            else f"ceiling at most {1 - sizing.unreachable / max(1, sizing.requests):.1%}"
+        )
+        mark = "" if option.reaches_goal else ", short"
+        parts.append(
+            f"{option.label}: {_gpus(option.gpus)}, {prediction.attainment:.1%} ({ceiling}{mark})"
+        )
+    return (
+        f"no shape reaches the target, so every shape is judged by {goal:.1%}, half a point "
+        f"under the best ceiling, and the cheapest that meets it wins: " + "; ".join(parts)
+    )
+
+
 def explain(
     request: PlanRequest,
     degrees: list[int],

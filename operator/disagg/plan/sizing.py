@@ -183,12 +183,18 @@ def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
 
 def _polish(
     whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], bar: Bar
-) -> tuple[dict[PoolName, int], Estimate, float, float]:
+) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
     """One replica at a time on the whole trace: up while the goal is missed, then down
-    while it is still met."""
-    at_cap, estimate = whole.estimates([cap, sizes])
-    ceiling = at_cap.attainment
-    goal = min(whole.context.target, ceiling - MARGIN)
+    while it is still met. The ceiling is measured (at ``cap``, the largest and slowest
+    simulation) only when the size misses the goal the reachable share allows: no ceiling
+    is above that share, so a size that meets it meets any goal the ceiling would set."""
+    ok = whole.ok
+    goal = min(whole.context.target, ok.count(True) / max(1, len(ok)) - MARGIN)
+    estimate = whole.estimates([sizes])[0]
+    ceiling: float | None = None
+    if estimate.attainment < goal:
+        ceiling = whole.estimates([cap])[0].attainment
+        goal = min(goal, ceiling - MARGIN)
     while estimate.attainment < goal and goal >= bar.goal:
         pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
         if pool is None:
