@@ -307,3 +307,21 @@ def test_plan_verify_and_simulate_report_the_trace(
     assert summary["attainment"]["both"] == pytest.approx(
         report["verify"]["replayedAttainment"], abs=0.0005
     )
+
+
+def test_a_search_leaps_to_where_the_misses_point_not_a_quarter_at_a_time() -> None:
+    from disagg.plan.sizing import GROWTH, MAX_LEAP, _leap
+
+    # Misses beyond what no size serves that halve with every 8 GPUs: from 2% at 16 GPUs to
+    # the 0.5% a goal half a point under the reachable share allows is two halvings more.
+    def attained(gpus: int) -> float:
+        return 0.96 - 0.08 * 0.5 ** (gpus / 8)
+
+    leap = _leap([(8, attained(8)), (16, attained(16))], reach=0.96, goal=0.955)
+    assert leap * 16 == pytest.approx(32)
+    # One size is not a trend; misses that do not fall, or are already allowed, are not one.
+    assert _leap([(8, attained(8))], 0.96, 0.955) == GROWTH
+    assert _leap([(8, 0.90), (16, 0.90)], 0.96, 0.955) == GROWTH
+    assert _leap([(8, 0.90), (16, 0.956)], 0.96, 0.955) == GROWTH
+    # However far they point, one step grows at most MAX_LEAP times.
+    assert _leap([(8, 0.50), (16, 0.51)], 0.96, 0.955) == MAX_LEAP

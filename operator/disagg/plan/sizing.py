@@ -2,8 +2,9 @@
 
 The search starts from the closed-form size for the heaviest window (:class:`Profile`,
 which the planner also ranks candidates by), judges sizes on the trace's peak windows
-(:mod:`disagg.plan.windows`), grows by a quarter until the target is met (or the cap, which
-measures the ceiling), narrows back two sizes at a time and trims each pool. When a window
+(:mod:`disagg.plan.windows`), grows until the target is met (by a quarter, or, once two
+sizes have missed, to where their misses point), or to the cap (twice the largest size that
+missed), which measures the ceiling, narrows back two sizes at a time and trims each pool. When a window
 left out is as heavy, for the size found, as a simulated one that missed requests, it joins
 the sample and the search runs again. When the target is out of reach
 (long prompts no size serves) the goal is half a point under the ceiling, and the size is
@@ -39,6 +40,9 @@ MAX_REPLICAS: Final = 64
 ROUNDS: Final = 3
 
 GROWTH: Final = 1.25
+
+MAX_LEAP: Final = 4.0
+"""The most one step of the search grows a size by, however far its misses point."""
 
 
 class Bar:
@@ -172,8 +176,27 @@ def _between(low: int, high: int, third: int) -> int:
     return low if high == low else min(high, low + max(1, (high - low) * third // 3))
 
 
-def _grow(sizes: dict[PoolName, int], cap: dict[PoolName, int]) -> dict[PoolName, int]:
-    return {p: min(cap[p], max(n + 1, math.ceil(n * GROWTH))) for p, n in sizes.items()}
+def _grow(
+    sizes: dict[PoolName, int], cap: dict[PoolName, int], factor: float = GROWTH
+) -> dict[PoolName, int]:
+    return {p: min(cap[p], max(n + 1, math.ceil(n * factor))) for p, n in sizes.items()}
+
+
+def _leap(missed: list[tuple[int, float]], reach: float, goal: float) -> float:
+    """How much to grow after sizes that missed the goal: by a quarter, or, once two sizes
+    have missed, to where their misses point. The misses beyond the requests no size serves
+    fall about geometrically with each replica added (a queue's tail), so the last two
+    sizes' misses, on a log scale, extrapolate to the size where they are down to what the
+    goal allows (between a quarter and four times more)."""
+    if len(missed) < 2:
+        return GROWTH
+    (gpus_a, attained_a), (gpus_b, attained_b) = missed[-2], missed[-1]
+    excess_a, excess_b, allowed = reach - attained_a, reach - attained_b, reach - goal
+    if not (gpus_b > gpus_a and excess_a > excess_b > allowed > 0):
+        return GROWTH
+    per_gpu = math.log(excess_a / excess_b) / (gpus_b - gpus_a)
+    wanted = gpus_b + math.log(excess_b / allowed) / per_gpu
+    return min(MAX_LEAP, max(GROWTH, wanted / gpus_b))
 
 
 def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
@@ -184,13 +207,20 @@ def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
 def _polish(
     whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], bar: Bar
 ) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
-    """One replica at a time on the whole trace: up while the goal is missed, then down
+    """A replica or two at a time on the whole trace: up while the goal is missed, then down
     while it is still met. The ceiling is measured (at ``cap``, the largest and slowest
     simulation) only when the size misses the goal the reachable share allows: no ceiling
     is above that share, so a size that meets it meets any goal the ceiling would set."""
     ok = whole.ok
     goal = min(whole.context.target, ok.count(True) / max(1, len(ok)) - MARGIN)
-    estimate = whole.estimates([sizes])[0]
+    # With one pool, one replica fewer is judged beside the size: the second core is free,
+    # and a size searched on the sample is usually a replica or two over on the whole trace.
+    fewer = (
+        [{p: n - 1 for p, n in sizes.items()}]
+        if len(sizes) == 1 and min(sizes.values()) > 1
+        else []
+    )
+    estimate = whole.estimates([sizes, *fewer])[0]
     ceiling: float | None = None
     if estimate.attainment < goal:
         ceiling = whole.estimates([cap])[0].attainment
@@ -199,10 +229,17 @@ def _polish(
         pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
         if pool is None:
             break
-        sizes = {**sizes, pool: sizes[pool] + 1}
-        estimate = whole.estimates([sizes])[0]
+        # Two sizes a round (one replica and two more), since a second core runs the second.
+        trials = [{**sizes, pool: min(cap[pool], sizes[pool] + step)} for step in (1, 2)]
+        trials = [t for i, t in enumerate(trials) if t not in trials[:i]]
+        results = whole.estimates(trials)
+        sizes, estimate = next(
+            ((t, e) for t, e in zip(trials, results, strict=True) if e.attainment >= goal),
+            (trials[-1], results[-1]),
+        )
     while estimate.attainment >= goal:
-        trials = [{**sizes, p: sizes[p] - 1} for p in sizes if sizes[p] > 1]
+        steps = (1, 2) if len(sizes) == 1 else (1,)  # one pool: two sizes for two cores
+        trials = [{**sizes, p: sizes[p] - k} for p in sizes for k in steps if sizes[p] > k]
         passing = [
             (whole.candidate.gpus(t), -e.attainment, i, t, e)
             for i, (t, e) in enumerate(zip(trials, whole.estimates(trials), strict=True))
@@ -211,6 +248,8 @@ def _polish(
         if not passing:
             break
         _, _, _, sizes, estimate = min(passing)
+        if len(steps) > 1 and len(passing) < len(trials):
+            break  # two fewer missed: no smaller size of the one pool meets it
     return sizes, estimate, ceiling, goal
 
 
@@ -235,20 +274,26 @@ def _heaviest(load: list[float], count: int) -> list[int]:
 def _search(
     evaluator: Evaluator, start: dict[PoolName, int], bar: Bar
 ) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
-    """Up from the first guess by a quarter at a time until the goal is met (or the cap,
-    which measures the ceiling), bisect back, then each pool down while it is still met."""
+    """Up from the first guess (by a quarter, or to where the misses point: :func:`_leap`)
+    until the goal is met (or the cap, which measures the ceiling), bisect back, then each
+    pool down while it is still met."""
     pools = evaluator.candidate.pools
     cap = _cap(start)
     ok = evaluator.ok
-    goal = min(evaluator.context.target, ok.count(True) / max(1, len(ok)) - MARGIN)
+    reach = ok.count(True) / max(1, len(ok))
+    goal = min(evaluator.context.target, reach - MARGIN)
     ceiling: float | None = None
     sizes = dict(start)
     estimate = evaluator.estimates([sizes])[0]
     if estimate.attainment < goal:
         low, high = sizes, None
-        while high is None:  # grow by a quarter until the goal is met or the cap is reached;
-            # two steps at a time, since the second costs no wall time on a second core
-            first = _grow(low, cap)
+        misses = [(evaluator.candidate.gpus(sizes), estimate.attainment)]
+        while high is None:  # grow until the goal is met or the cap is reached; two steps
+            # at a time, since the second costs no wall time on a second core. The ceiling
+            # is measured at twice the largest size that missed (and two more): a first
+            # guess far too small must not pass its own double off as a ceiling.
+            cap = {p: max(cap[p], c) for p, c in _cap(low).items()}
+            first = _grow(low, cap, _leap(misses, reach, goal))
             trials = [first] if first == cap else [first, _grow(first, cap)]
             for trial, trial_estimate in zip(trials, evaluator.estimates(trials), strict=True):
                 if trial == cap:  # the ceiling: what no size of this shape improves on
@@ -260,6 +305,7 @@ def _search(
                     high = trial
                     break
                 low = trial
+                misses.append((evaluator.candidate.gpus(trial), trial_estimate.attainment))
         while any(high[p] - low[p] > 1 for p in pools):  # then narrow it, two points a round
             thirds = [{p: _between(low[p], high[p], k) for p in pools} for k in (1, 2)]
             thirds = [t for i, t in enumerate(thirds) if t != high and t not in thirds[:i]]
