@@ -92,16 +92,17 @@ def bursty_code(
     return Scenario(model="llama-3.1-8b", ttft=1.0, tpot=0.03, duration=duration), requests
 
 
-def diurnal_long(seed: int) -> tuple[Scenario, list[Request]]:
+def diurnal_long(seed: int, peak: float = 1.2) -> tuple[Scenario, list[Request]]:
+    """``peak`` requests/s at midday; 1.2 keeps a fleet of a few TP8 engines, 6 one of tens."""
     rng = random.Random(seed)
     duration = 3600.0
 
     def rate(t: float) -> float:
-        return 1.2 * (0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * t / duration)))
+        return peak * (0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * t / duration)))
 
     requests = [
         Request(t, _lognormal(rng, 8.9, 1.0, 256, 120_000), _lognormal(rng, 5.3, 1.0, 1, 1000))
-        for t in _arrivals(rng, rate, 1.2, duration, 1.0)
+        for t in _arrivals(rng, rate, peak, duration, 1.0)
     ]
     scenario = Scenario(
         model="llama-3.1-70b",

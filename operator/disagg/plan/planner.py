@@ -258,7 +258,39 @@ def _size_promising(
                 runners_up.append(guess)
                 tried.add(shape)
                 extra += 1
-    return sizings + run(runners_up) if runners_up else sizings
+    sizings = sizings + run(runners_up) if runners_up else sizings
+    # Every shape is judged by one goal: a mode whose shapes were searched for lower goals
+    # (their own ceilings'), none meeting the plan's, has its closest one searched again for
+    # it, from the size it found, if it could still serve that many requests.
+    goal = max(s.goal for s in sizings)
+    behind: list[int] = []
+    for mode in ranked:
+        of_mode = [i for i, s in enumerate(sizings) if s.candidate.mode == mode]
+        if any(sizings[i].estimate.attainment >= goal for i in of_mode):
+            continue
+        closest = max(of_mode, key=lambda i: sizings[i].estimate.attainment, default=None)
+        if closest is not None and _could_reach(sizings[closest], goal):
+            behind.append(closest)
+    if behind:
+        measured = {g.candidate: g.measured for g in [*first, *runners_up]}
+
+        def again(i: int) -> Sizing:
+            behind_by = sizings[i]
+            return size(
+                context, measured[behind_by.candidate], executor, bar, behind_by.sizes, goal
+            )
+
+        with ThreadPoolExecutor(max_workers=len(behind)) as threads:
+            for i, sizing in zip(behind, threads.map(again, behind), strict=True):
+                sizings[i] = sizing
+    return sizings
+
+
+def _could_reach(sizing: Sizing, goal: float) -> bool:
+    """Whether a shape might still serve ``goal`` of the requests at some size: no measured
+    ceiling below it, and enough requests it can serve at all."""
+    reach = 1 - sizing.unreachable / max(1, sizing.requests)
+    return reach >= goal and (sizing.ceiling is None or sizing.ceiling >= goal)
 
 
 def _option(request: PlanRequest, sizing: Sizing, goal: float) -> Option:

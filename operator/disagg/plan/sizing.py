@@ -3,10 +3,10 @@
 The search starts from the closed-form size for the heaviest window (:class:`Profile`,
 which the planner also ranks candidates by), judges sizes on the trace's peak windows
 (:mod:`disagg.plan.windows`), grows until the target is met (by a quarter, or, once two
-sizes have missed, to where their misses point), or to the cap (twice the largest size that
-missed), which measures the ceiling, narrows back two sizes at a time and trims each pool. When a window
-left out is as heavy, for the size found, as a simulated one that missed requests, it joins
-the sample and the search runs again. When the target is out of reach
+sizes have missed, to where their misses point) or to the cap (twice the largest size that
+missed), which measures the ceiling, narrows back two sizes at a time and trims each pool.
+When a window left out is as heavy, for the size found, as a simulated one that missed
+requests, it joins the sample and the search runs again. When the target is out of reach
 (long prompts no size serves) the goal is half a point under the ceiling, and the size is
 polished on the whole trace, since half a point of sampling error there is half a point of
 goal.
@@ -124,21 +124,24 @@ def size(
     measured: Profile,
     executor: Executor | None = None,
     bar: Bar | None = None,
+    start: dict[PoolName, int] | None = None,
+    floor: float = 0.0,
 ) -> Sizing:
     """The cheapest static size meeting the target (or half a point under the ceiling) on
-    the trace, searched from the closed-form guess (see module doc). A search whose ceiling
-    falls short of ``bar`` (what another shape already met) stops there."""
+    the trace, searched from the closed-form guess or ``start`` (see module doc); the goal
+    is at least ``floor`` while the shape can serve that many requests. A search whose
+    ceiling falls short of ``bar`` (what another shape already met) stops there."""
     bar = bar or Bar()
     candidate, ok, loads = measured.candidate, measured.ok, measured.loads
     peak = {pool: max(range(len(load)), key=load.__getitem__) for pool, load in loads.items()}
-    sizes = {pool: min(MAX_REPLICAS, n) for pool, n in measured.guess.items()}
+    sizes = dict(start or {pool: min(MAX_REPLICAS, n) for pool, n in measured.guess.items()})
     evaluator = Evaluator(context, candidate, ok, loads, executor)
     evaluator.use(
         {w for load in loads.values() for w in _heaviest(load, PEAKS)},
         {_median(load) for load in loads.values()},
     )
     for _ in range(ROUNDS):
-        sizes, estimate, ceiling, goal = _search(evaluator, sizes, bar)
+        sizes, estimate, ceiling, goal = _search(evaluator, sizes, bar, floor)
         suspects = _suspects(evaluator, loads, estimate)
         if not suspects:
             break
@@ -150,7 +153,7 @@ def size(
         # sampling error there is half a point of goal. Judge the size on the whole trace.
         whole = Evaluator(context, candidate, ok, loads, executor)
         whole.use(set(range(context.windows)))
-        sizes, estimate, ceiling, goal = _polish(whole, sizes, _cap(sizes), bar)
+        sizes, estimate, ceiling, goal = _polish(whole, sizes, _cap(sizes), bar, floor)
         evaluator.evaluations += whole.evaluations
         sample = tuple(range(context.windows))
     if estimate.attainment >= goal:
@@ -205,14 +208,17 @@ def _cap(sizes: dict[PoolName, int]) -> dict[PoolName, int]:
 
 
 def _polish(
-    whole: Evaluator, sizes: dict[PoolName, int], cap: dict[PoolName, int], bar: Bar
+    whole: Evaluator,
+    sizes: dict[PoolName, int],
+    cap: dict[PoolName, int],
+    bar: Bar,
+    floor: float = 0.0,
 ) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
     """A replica or two at a time on the whole trace: up while the goal is missed, then down
     while it is still met. The ceiling is measured (at ``cap``, the largest and slowest
     simulation) only when the size misses the goal the reachable share allows: no ceiling
     is above that share, so a size that meets it meets any goal the ceiling would set."""
-    ok = whole.ok
-    goal = min(whole.context.target, ok.count(True) / max(1, len(ok)) - MARGIN)
+    goal = _first_goal(whole, floor)
     # With one pool, one replica fewer is judged beside the size: the second core is free,
     # and a size searched on the sample is usually a replica or two over on the whole trace.
     fewer = (
@@ -225,6 +231,8 @@ def _polish(
     if estimate.attainment < goal:
         ceiling = whole.estimates([cap])[0].attainment
         goal = min(goal, ceiling - MARGIN)
+        if goal < max(bar.goal, floor):  # another shape met a goal this one cannot
+            return sizes, estimate, ceiling, goal
     while estimate.attainment < goal and goal >= bar.goal:
         pool = _culprit(estimate, [p for p in sizes if sizes[p] < cap[p]])
         if pool is None:
@@ -271,8 +279,16 @@ def _heaviest(load: list[float], count: int) -> list[int]:
     return sorted(range(len(load)), key=lambda w: -load[w])[:count]
 
 
+def _first_goal(evaluator: Evaluator, floor: float) -> float:
+    """The target, or half a point under the share of requests the shape can serve at all
+    (its ceiling is measured only if that proves too high), or ``floor`` if higher."""
+    ok = evaluator.ok
+    reach = ok.count(True) / max(1, len(ok))
+    return min(evaluator.context.target, max(floor, reach - MARGIN))
+
+
 def _search(
-    evaluator: Evaluator, start: dict[PoolName, int], bar: Bar
+    evaluator: Evaluator, start: dict[PoolName, int], bar: Bar, floor: float = 0.0
 ) -> tuple[dict[PoolName, int], Estimate, float | None, float]:
     """Up from the first guess (by a quarter, or to where the misses point: :func:`_leap`)
     until the goal is met (or the cap, which measures the ceiling), bisect back, then each
@@ -281,7 +297,7 @@ def _search(
     cap = _cap(start)
     ok = evaluator.ok
     reach = ok.count(True) / max(1, len(ok))
-    goal = min(evaluator.context.target, reach - MARGIN)
+    goal = _first_goal(evaluator, floor)
     ceiling: float | None = None
     sizes = dict(start)
     estimate = evaluator.estimates([sizes])[0]
@@ -299,7 +315,7 @@ def _search(
                 if trial == cap:  # the ceiling: what no size of this shape improves on
                     ceiling = trial_estimate.attainment
                     goal = min(goal, ceiling - MARGIN)
-                if goal < bar.goal:  # another shape met a goal this one cannot
+                if goal < max(bar.goal, floor):  # another shape met a goal this one cannot
                     return trial, trial_estimate, ceiling, goal
                 if trial_estimate.attainment >= goal:
                     high = trial
