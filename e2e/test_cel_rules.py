@@ -307,6 +307,14 @@ BROKEN += [
         {"autoscaling": {"prometheusUrl": "http://p:9090"}},
     ),
     ("maxTotalGpus was renamed maxTotalGPUs", {"autoscaling": {"maxTotalGpus": 16}}),
+    (
+        "gateway routes requests to the router",
+        {"router": {"enabled": False}, "gateway": {"parentRefs": [{"name": "edge"}]}},
+    ),
+    (
+        "path must not contain '//'",
+        {"gateway": {"parentRefs": [{"name": "edge"}], "path": "/v1//chat"}},
+    ),
     ("pod.labels: each key must be a label key", _pod({"labels": {"bad key": "x"}})),
     ("pod.annotations: each key must be a qualified name", _pod({"annotations": {"a b": "x"}})),
     ("are the operator's", _pod({"labels": {"disagg.dev/role": "x"}})),

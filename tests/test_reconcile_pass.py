@@ -560,3 +560,59 @@ async def test_a_refused_child_is_reported_without_waiting_for_the_deployment_co
     outcome = await world.reconciler.reconcile(NS, NAME)
     assert outcome.status_written and not outcome.status_waiting
     assert world.condition("Degraded")["reason"] == "ApplyRejected"
+
+
+async def test_a_model_behind_a_gateway_serves_without_the_gateway_api_and_reports_its_route() -> (
+    None
+):
+    manifest = load_example("minimal")
+    manifest["spec"]["gateway"] = {"parentRefs": [{"name": "edge", "namespace": "gw"}]}
+    world = World(manifest)
+    route_name = f"{NAME}-router"
+    # No Gateway API in the cluster: the route's apply answers 404.
+    world.kube.fail_next(
+        "HTTPRoute", "apply", 404, "the server could not find the requested resource"
+    )
+    outcome = await world.reconcile()
+    assert not outcome.invalid
+    degraded = world.condition("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "GatewayAPIUnavailable")
+    assert "gateway.networking.k8s.io/v1 HTTPRoute" in degraded["message"]
+    assert len(world.events("GatewayAPIUnavailable")) == 1
+    for role in ("prefill", "decode", "router"):
+        assert world.deployment(role) is not None  # the engines and the router serve anyway
+    assert world.kube.stored("HTTPRoute", NS, route_name) is None
+    # The CRDs are installed: the next pass creates the route; no Gateway has said anything.
+    await world.reconcile()
+    route = world.kube.stored("HTTPRoute", NS, route_name)
+    assert route is not None and route["spec"]["parentRefs"][0]["name"] == "edge"
+    assert world.condition("Degraded")["status"] == "False"
+    assert world.model()["status"]["gateway"] == {
+        "route": route_name,
+        "parents": [{"gateway": "gw/edge", "accepted": "Unknown", "resolvedRefs": "Unknown"}],
+    }
+    # The Gateway's controller accepts it: the watch wakes the model, status and an Event say so.
+    world.woken.clear()
+    world.kube.set_status("HTTPRoute", NS, route_name, {"parents": [{
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge",
+                      "namespace": "gw"},
+        "controllerName": "example.net/gateway",
+        "conditions": [
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": ""},
+            {"type": "ResolvedRefs", "status": "True", "reason": "ResolvedRefs", "message": ""},
+        ],
+    }]})  # fmt: skip
+    await world.settle()
+    assert (NS, NAME) in world.woken
+    await world.reconcile()
+    assert world.model()["status"]["gateway"]["parents"][0]["accepted"] == "True"
+    (accepted,) = world.events("RouteAccepted")
+    assert "gw/edge" in accepted["message"]
+    # spec.gateway removed: the route goes.
+    obj = world.model()
+    del obj["spec"]["gateway"]
+    obj["metadata"]["generation"] += 1
+    world.kube.put(obj)
+    outcome = await world.reconcile()
+    assert outcome.pruned == 1 and world.kube.stored("HTTPRoute", NS, route_name) is None
+    assert "gateway" not in world.model()["status"]

@@ -566,3 +566,31 @@ def test_a_wrong_tracing_spec_is_refused_naming_the_field(
     manifest["spec"]["observability"] = {"tracing": tracing}
     with pytest.raises(ValueError, match=problem):
         parse_model(manifest)
+
+
+def test_a_model_behind_a_gateway_gets_an_httproute_to_its_router() -> None:
+    objects = _render(load_example("behind-gateway"))
+    route = _get(objects, "HTTPRoute", "qwen-gateway-router")
+    service = _get(objects, "Service", "qwen-gateway-router")
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [
+        {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": "edge",
+            "namespace": "gateway-system",
+            "sectionName": "https",
+        }
+    ]
+    assert route["spec"]["hostnames"] == ["llm.example.com"]
+    (rule,) = route["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1"}}]
+    assert rule["backendRefs"] == [
+        {"name": service["metadata"]["name"], "port": service["spec"]["ports"][0]["port"]}
+    ]
+    assert route["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # The route is applied after everything else: the engines serve without it.
+    assert objects[-1] is route
+    without = load_example("behind-gateway")
+    del without["spec"]["gateway"]
+    assert not [o for o in _render(without) if o["kind"] == "HTTPRoute"]

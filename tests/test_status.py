@@ -193,3 +193,96 @@ def test_status_patch_nulls_removed_keys_and_is_none_when_equal() -> None:
         "b": {"d": None}
     }
     assert status_patch({}, {"x": [1]}) == {"x": [1]}
+
+
+def _route(
+    *verdicts: tuple[str, str, str], unavailable: str | None = None, live: bool = True
+) -> Any:
+    from disagg.status import ObservedRoute
+
+    conditions = [
+        {"type": type_, "status": status, "reason": reason, "message": f"{type_} says {reason}"}
+        for type_, status, reason in verdicts
+    ]
+    body = {
+        "metadata": {"name": "m-router", "namespace": "team"},
+        "status": {
+            "parents": [
+                {
+                    "parentRef": {"name": "edge", "namespace": "gw", "sectionName": "https"},
+                    "controllerName": "example.net/gateway",
+                    "conditions": conditions,
+                }
+            ]
+        },
+    }
+    return ObservedRoute(
+        "m-router", (("gw", "edge", "https"),), body if live else None, unavailable
+    )
+
+
+def test_a_gateways_verdict_on_the_route_shows_in_status_and_degrades_when_refused() -> None:
+    from disagg.status import route_events
+
+    def status(route: Any, previous: Any = None) -> DisaggregatedModelStatus:
+        return compute_status(
+            Observed(generation=1, deployments=_healthy(), route=route), previous, T0
+        )
+
+    waiting = status(_route())
+    assert waiting.gateway is not None and waiting.gateway.route == "m-router"
+    (parent,) = waiting.gateway.parents
+    assert (parent.gateway, parent.accepted, parent.resolved_refs) == (
+        "gw/edge/https",
+        "Unknown",
+        "Unknown",
+    )
+    assert _cond(waiting, "Degraded").status == "False"  # the controller has not said yet
+    assert route_events(None, waiting) == []
+
+    serving = status(
+        _route(("Accepted", "True", "Accepted"), ("ResolvedRefs", "True", "ResolvedRefs")), waiting
+    )
+    assert serving.gateway is not None and serving.gateway.parents[0].accepted == "True"
+    assert _cond(serving, "Degraded").status == "False"
+    (event,) = route_events(waiting, serving)
+    assert event["reason"] == "RouteAccepted" and "gw/edge/https" in event["message"]
+    assert route_events(serving, serving) == []  # said once
+
+    refused = status(
+        _route(
+            ("Accepted", "False", "NotAllowedByListeners"), ("ResolvedRefs", "True", "ResolvedRefs")
+        ),
+        serving,
+    )
+    degraded = _cond(refused, "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "RouteNotAccepted")
+    assert "gw/edge/https" in degraded.message and "NotAllowedByListeners" in degraded.message
+    assert _cond(refused, "Ready").status == "True"  # in-cluster it still serves
+
+    unresolved = status(
+        _route(("Accepted", "True", "Accepted"), ("ResolvedRefs", "False", "RefNotPermitted"))
+    )
+    assert _cond(unresolved, "Degraded").reason == "RouteRefsNotResolved"
+    assert "RefNotPermitted" in _cond(unresolved, "Degraded").message
+
+
+def test_a_cluster_without_the_gateway_api_degrades_the_model_naming_what_is_missing() -> None:
+    missing = "the cluster does not serve gateway.networking.k8s.io/v1 HTTPRoute: install it"
+    status = compute_status(
+        Observed(
+            generation=1, deployments=_healthy(), route=_route(unavailable=missing, live=False)
+        ),
+        None,
+        T0,
+    )
+    degraded = _cond(status, "Degraded")
+    assert (degraded.status, degraded.reason, degraded.message) == (
+        "True",
+        "GatewayAPIUnavailable",
+        missing,
+    )
+    assert _cond(status, "Ready").status == "True"
+    assert status.gateway is not None and status.gateway.route is None
+    # A model without spec.gateway says nothing of one.
+    assert compute_status(Observed(generation=1, deployments=_healthy()), None, T0).gateway is None

@@ -83,6 +83,29 @@ if [[ "$want" == all || "$want" == keda ]]; then
   ln -sfn "$dir" "$cache/crds/keda"
   echo "build-binaries: KEDA's CRDs are in $dir"
 fi
+if [[ "$want" == all || "$want" == gateway-api ]]; then
+  # The Gateway API's standard-channel CRDs (HTTPRoute, Gateway, GatewayClass), from its Go
+  # module, so the e2e proves the API server accepts the route a spec.gateway renders.
+  gateway_version="$(cat "$here/gateway-api.version")"
+  dir="$cache/crds/gateway-api-$gateway_version"
+  if [[ ! -f "$dir/.complete" ]]; then
+    echo "build-binaries: fetching the Gateway API $gateway_version's CRDs"
+    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
+      "sigs.k8s.io/gateway-api@$gateway_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+    crds="$src/config/crd/standard"
+    if [[ -z "$src" || ! -f "$crds/gateway.networking.k8s.io_httproutes.yaml" ]]; then
+      echo "build-binaries: the Gateway API $gateway_version's module has no HTTPRoute CRD" >&2
+      exit 1
+    fi
+    mkdir -p "$dir"
+    for kind in httproutes gateways gatewayclasses; do
+      cp "$crds/gateway.networking.k8s.io_$kind.yaml" "$dir/"
+    done
+    touch "$dir/.complete"
+  fi
+  ln -sfn "$dir" "$cache/crds/gateway-api"
+  echo "build-binaries: the Gateway API's CRDs are in $dir"
+fi
 if [[ "$want" == all || "$want" == prometheus-operator ]]; then
   # The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor, PodMonitor), from its Go
   # module, so the e2e proves the API server accepts the chart's monitoring objects.

@@ -9,8 +9,10 @@ The rules, as users see them in ``kubectl get dm`` and ``kubectl describe dm``:
   pods (a missing PriorityClass, a quota, Pod Security admission, a webhook: the
   controller's message says which), ``Unschedulable`` when pool pods cannot be placed (the
   scheduler's message says what is missing: GPUs, the RDMA resource, a node selector),
-  ``ApplyRejected`` when the API server refused a child (its message), or ``InvalidSpec``
-  when the spec fails validation.
+  ``ApplyRejected`` when the API server refused a child (its message), ``InvalidSpec``
+  when the spec fails validation, and, for a model behind a Gateway (``spec.gateway``),
+  ``GatewayAPIUnavailable`` when the cluster lacks the Gateway API, ``RouteNotAccepted`` or
+  ``RouteRefsNotResolved`` when a Gateway's controller says so of the route.
 * ``ScalingActive`` and ``ScalingLimited`` say what the last autoscaler evaluation found
   (:class:`ScalingRecord`); a pass without an evaluation keeps what the last one said.
 * ``lastTransitionTime`` only moves when a condition's status changes.
@@ -31,8 +33,10 @@ from disagg.api.status import (
     Condition,
     ConditionType,
     DisaggregatedModelStatus,
+    GatewayStatus,
     ObservedMetrics,
     PoolStatus,
+    RouteParentStatus,
     RouterStatus,
     SloBudgetStatus,
 )
@@ -68,6 +72,18 @@ class ScalingRecord:
 
 
 @dataclass(frozen=True)
+class ObservedRoute:
+    """The model's HTTPRoute (spec.gateway): the Gateways it names, and what is live."""
+
+    name: str
+    parents: tuple[tuple[str, str, str | None], ...]
+    """(namespace, name, listener) of each Gateway in spec.gateway.parentRefs."""
+    live: Obj | None = None
+    unavailable: str | None = None
+    """Why the route could not be created (its API is not served), when it could not."""
+
+
+@dataclass(frozen=True)
 class Observed:
     """What the operator saw of one model's children."""
 
@@ -89,6 +105,8 @@ class Observed:
     """This pass's autoscaler evaluation; None when none was due."""
     memory: AutoscalerMemory | None = None
     """What the built-in autoscaler remembers (None: it runs no policy for this model)."""
+    route: ObservedRoute | None = None
+    """The route through the user's Gateway (None: spec.gateway is unset)."""
 
 
 def pool_status(
@@ -213,10 +231,14 @@ def compute_status(
 
     failed = replica_failures(obs.deployments)
     stuck = unschedulable_pods(obs.pods)
+    gateway = gateway_status(obs.route)
+    routing = route_problem(obs.route, gateway)
     if failed or stuck:
         reason = "ReplicaFailure" if failed else "Unschedulable"
         message = "; ".join([*failed, *stuck])
         degraded = _condition("Degraded", "True", reason, message, gen, prev_conditions, now)
+    elif routing is not None:
+        degraded = _condition("Degraded", "True", *routing, gen, prev_conditions, now)
     else:
         degraded = _condition("Degraded", "False", "AsExpected", "", gen, prev_conditions, now)
 
@@ -228,12 +250,104 @@ def compute_status(
         decode=pools.get("decode"),
         engine=pools.get("engine"),
         router=router,
+        gateway=gateway,
         metrics=_metrics(obs, previous),
         slo_budget=_budget(obs, previous),
         autoscaler_memory=(
             obs.memory if obs.autoscaling_enabled and obs.autoscaling_mode == "builtin" else None
         ),
     )
+
+
+def gateway_status(route: ObservedRoute | None) -> GatewayStatus | None:
+    """Each Gateway's verdict on the model's route, as its controller wrote it in the
+    route's status (matched by namespace, name and listener; Unknown until it has)."""
+    if route is None:
+        return None
+    if route.live is None:
+        return GatewayStatus(route=None, parents=[_verdict(p, None) for p in route.parents])
+    namespace = route.live["metadata"].get("namespace", "")
+    verdicts: dict[tuple[str, str, str | None], list[Obj]] = {}
+    for entry in (route.live.get("status") or {}).get("parents") or []:
+        ref = entry.get("parentRef") or {}
+        key = (ref.get("namespace") or namespace, ref.get("name", ""), ref.get("sectionName"))
+        verdicts.setdefault(key, entry.get("conditions") or [])
+    return GatewayStatus(
+        route=route.name, parents=[_verdict(p, verdicts.get(p)) for p in route.parents]
+    )
+
+
+def _verdict(ref: tuple[str, str, str | None], conditions: list[Obj] | None) -> RouteParentStatus:
+    namespace, name, listener = ref
+    by_type = {c.get("type"): c for c in conditions or []}
+    accepted, resolved = by_type.get("Accepted") or {}, by_type.get("ResolvedRefs") or {}
+    said = [
+        f"{c.get('type')} {c.get('status')}: {c.get('reason', '')}"
+        + (f" ({c['message']})" if c.get("message") else "")
+        for c in (accepted, resolved)
+        if c and c.get("status") != "True"
+    ]
+    return RouteParentStatus(
+        gateway=f"{namespace}/{name}" + (f"/{listener}" if listener else ""),
+        accepted=_said(accepted),
+        resolved_refs=_said(resolved),
+        message="; ".join(said) or None,
+    )
+
+
+def _said(condition: Obj) -> str:
+    status = condition.get("status")
+    return status if status in ("True", "False") else "Unknown"
+
+
+def route_problem(
+    route: ObservedRoute | None, gateway: GatewayStatus | None
+) -> tuple[str, str] | None:
+    """Why the model is not reachable through its Gateway, as a Degraded (reason, message):
+    the Gateway API is missing, or a Gateway refused the route or cannot resolve its
+    backend. A Gateway that has not said yet is no problem."""
+    if route is None or gateway is None:
+        return None
+    if route.unavailable is not None:
+        return "GatewayAPIUnavailable", route.unavailable
+    refused = [p for p in gateway.parents if p.accepted == "False"]
+    if refused:
+        return "RouteNotAccepted", "; ".join(
+            f"Gateway {p.gateway} did not accept HTTPRoute {route.name}: {p.message}"
+            for p in refused
+        )
+    unresolved = [p for p in gateway.parents if p.resolved_refs == "False"]
+    if unresolved:
+        return "RouteRefsNotResolved", "; ".join(
+            f"Gateway {p.gateway} cannot resolve HTTPRoute {route.name}'s backend: {p.message}"
+            for p in unresolved
+        )
+    return None
+
+
+def route_events(
+    previous: DisaggregatedModelStatus | None, status: DisaggregatedModelStatus
+) -> list[Obj]:
+    """A Normal Event for each Gateway that newly accepted the model's route with its
+    backend resolved (a refusal is the Degraded condition's Warning)."""
+    if status.gateway is None or status.gateway.route is None:
+        return []
+    earlier = previous.gateway.parents if previous and previous.gateway else []
+    serving_before = {p.gateway for p in earlier if _serving(p)}
+    return [
+        {
+            "type": "Normal",
+            "reason": "RouteAccepted",
+            "message": f"Gateway {p.gateway} accepted HTTPRoute {status.gateway.route}: the "
+            "model is reachable through it",
+        }
+        for p in status.gateway.parents
+        if _serving(p) and p.gateway not in serving_before
+    ]
+
+
+def _serving(parent: RouteParentStatus) -> bool:
+    return parent.accepted == "True" and parent.resolved_refs == "True"
 
 
 def _metrics(obs: Observed, previous: DisaggregatedModelStatus | None) -> ObservedMetrics:

@@ -76,6 +76,11 @@ and shows that each removal breaks something.
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# spec.gateway: the model's HTTPRoute to its router, when the Gateway API is installed
+# (listing them is skipped when its API is absent). Its status is read, never written.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Pods: status (ready counts, Unschedulable). get/list/watch are also what the router Role
 # grants, and Kubernetes only lets the operator grant permissions it holds itself. patch: the
 # autoscaler sets controller.kubernetes.io/pod-deletion-cost on the least-loaded pods before a

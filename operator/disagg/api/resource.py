@@ -14,6 +14,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from disagg.api.container import CONTAINER_PATTERN_MEANINGS
+from disagg.api.gateway import GATEWAY_PATTERN_MEANINGS
 from disagg.api.metadata import Metadata
 from disagg.api.pod import POD_PATTERN_MEANINGS
 from disagg.api.scheduling import SCHEDULING_PATTERN_MEANINGS
@@ -69,6 +70,7 @@ PATTERN_MEANINGS = {
     **SCHEDULING_PATTERN_MEANINGS,
     **CONTAINER_PATTERN_MEANINGS,
     **POD_PATTERN_MEANINGS,
+    **GATEWAY_PATTERN_MEANINGS,
 }
 """What each pattern means, for error messages (the regular expression is not a message)."""
 

@@ -22,6 +22,7 @@ from disagg.api.autoscaling import (
 )
 from disagg.api.base import ApiModel
 from disagg.api.container import EnvVar, EnvVarSource, ResourceRequirements
+from disagg.api.gateway import GatewaySpec
 from disagg.api.model import ModelSource, ModelSpec, SecretKeyRef
 from disagg.api.network import NetworkSpec, RdmaSpec, Transport, nixl_tp_compatible
 from disagg.api.observability import ObservabilitySpec
@@ -275,6 +276,14 @@ class DisaggregatedModelSpec(ApiModel):
         default_factory=ObservabilitySpec,
         description="Request traces (OpenTelemetry) from the router and the engines.",
     )
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="Publish the model behind a Gateway the cluster already runs: a Gateway "
+        "API v1 HTTPRoute from its listeners to the router Service. Status reports whether "
+        "the Gateway accepted the route. Needs the Gateway API CRDs; without them the model "
+        "reports Degraded (GatewayAPIUnavailable) and keeps serving in-cluster. Unset: no "
+        "route.",
+    )
     engine: dict[str, Any] | None = Field(
         default=None,
         description=f"{RENAMED} `runtime`: refused with that message, kept in the schema so "
@@ -284,6 +293,12 @@ class DisaggregatedModelSpec(ApiModel):
 
     rules: ClassVar = (
         renamed("engine", "runtime", lambda s: s.engine),
+        Rule(
+            cel="!has(self.gateway) || self.router.enabled",
+            message="gateway routes requests to the router: it needs router.enabled",
+            check=lambda spec: spec.gateway is None or spec.router.enabled,
+            field_path=".gateway",
+        ),
         Rule(
             cel=f"{_COLOCATED} || !(self.runtime.kvConnector in {list(TP_RATIO_CONNECTORS)}) || "
             "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "

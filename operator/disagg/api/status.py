@@ -65,6 +65,37 @@ class RouterStatus(ApiModel):
     )
 
 
+class RouteParentStatus(ApiModel):
+    """What one Gateway said of the model's HTTPRoute (its controller's conditions)."""
+
+    gateway: str = Field(description="The Gateway: namespace/name, and /listener if named.")
+    accepted: str = Field(
+        default="Unknown",
+        description="The route's Accepted condition there: True, False, or Unknown until "
+        "the Gateway's controller has said.",
+    )
+    resolved_refs: str = Field(
+        default="Unknown", description="The route's ResolvedRefs condition there."
+    )
+    message: str | None = Field(
+        default=None, description="The controller's reason and message when not both True."
+    )
+
+
+class GatewayStatus(ApiModel):
+    """The model's HTTPRoute and what each Gateway it names reported (spec.gateway)."""
+
+    route: str | None = Field(
+        default=None, description="The HTTPRoute's name (None while it cannot be created)."
+    )
+    parents: list[RouteParentStatus] = Field(
+        default_factory=list,
+        max_length=32,
+        description="One entry per Gateway in spec.gateway.parentRefs, as its controller "
+        "reported in the route's status (read, never written, by the operator).",
+    )
+
+
 class ObservedMetrics(ApiModel):
     """The latest SLO signals the autoscaler read from Prometheus."""
 
@@ -235,6 +266,9 @@ class DisaggregatedModelStatus(ApiModel):
         default=None, description="The engine pool that prefills and decodes (mode colocated)."
     )
     router: RouterStatus = Field(default_factory=RouterStatus, description="The router.")
+    gateway: GatewayStatus | None = Field(
+        default=None, description="The route through the user's Gateway (spec.gateway)."
+    )
     metrics: ObservedMetrics = Field(
         default_factory=ObservedMetrics, description="Latest SLO signals from Prometheus."
     )

@@ -42,6 +42,7 @@ RESOURCES: Final[dict[str, tuple[str, str]]] = {
     "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
+    "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
     "DisaggregatedModel": ("/apis/disagg.dev/v1alpha1", "disaggregatedmodels"),
 }
 CLUSTER_SCOPED: Final = frozenset({"Namespace"})

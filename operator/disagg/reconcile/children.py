@@ -36,22 +36,46 @@ CHILD_KINDS: Final = (
     "Deployment",
     "HorizontalPodAutoscaler",
     "ScaledObject",
+    "HTTPRoute",
 )
 AFTER_PREREQUISITES: Final = frozenset(
-    {"RoleBinding", "Deployment", "HorizontalPodAutoscaler", "ScaledObject"}
+    {"RoleBinding", "Deployment", "HorizontalPodAutoscaler", "ScaledObject", "HTTPRoute"}
 )
 """Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
 WATCHED_KINDS: Final = (*CHILD_KINDS, "Pod")
 """What the operator's :class:`~disagg.kube.informer.ChildCache` follows."""
+
+
+def route_view(live: Obj) -> Obj:
+    """What a pass reads of an HTTPRoute: what drift reads, and each Gateway's verdict on it
+    (its conditions' status, reason and message), which the model's status reports."""
+    parents = [
+        {
+            "parentRef": parent.get("parentRef"),
+            "conditions": [
+                {key: c.get(key) for key in ("type", "status", "reason", "message")}
+                for c in parent.get("conditions") or []
+            ],
+        }
+        for parent in (live.get("status") or {}).get("parents") or []
+    ]
+    return {**drift_view(live), "status": {"parents": parents}}
+
+
 WAKE_VIEWS: Final[Mapping[str, Callable[[Obj], Obj]]] = {
     **{kind: drift_view for kind in CHILD_KINDS},
     "Deployment": deployment_view,
+    "HTTPRoute": route_view,
 }
 """Per kind, what a pass reads of it: a watch event that leaves that unchanged wakes nobody
 (the Deployment controller's bookkeeping, a PodDisruptionBudget's healthy counts, an HPA's
 metrics would cost a pass each). Pods have none: their readiness is what status reports."""
-OPTIONAL_KINDS: Final = frozenset({"ScaledObject"})
-"""Kinds whose CRD may not be installed (KEDA): a cluster without it has none of them."""
+OPTIONAL_KINDS: Final = frozenset({"ScaledObject", "HTTPRoute"})
+"""Kinds whose CRD may not be installed (KEDA, the Gateway API): a cluster without it has
+none of them."""
+ROUTE_KINDS: Final = frozenset({"HTTPRoute"})
+"""Kinds whose missing API degrades the model instead of refusing it: the engines and the
+in-cluster Service serve without them."""
 HANDOVER_MANAGER: Final = "disagg-handover"
 
 
@@ -90,9 +114,11 @@ async def apply_children(
     live: Live,
     recorder: EventRecorder,
     body: Obj,
+    unserved: list[Obj] | None = None,
 ) -> int:
     """Apply each desired child that differs from what is live, a wave at a time (see
-    :func:`apply_waves`); one Event names them all."""
+    :func:`apply_waves`); one Event names them all. A route whose API the cluster does not
+    serve (404) goes to ``unserved`` instead of failing the pass, when that is given."""
     done: dict[str, list[str]] = {"created": [], "updated": []}
     try:
         for wave in apply_waves(desired):
@@ -102,7 +128,16 @@ async def apply_children(
             for obj, verb in zip(wave, verbs, strict=True):
                 if isinstance(verb, str):
                     done[verb].append(named(obj))
-            refused = next((v for v in verbs if isinstance(v, BaseException)), None)
+                elif unserved is not None and _unserved_route(obj, verb):
+                    unserved.append(obj)
+            refused = next(
+                (
+                    v
+                    for obj, v in zip(wave, verbs, strict=True)
+                    if isinstance(v, BaseException) and obj not in (unserved or [])
+                ),
+                None,
+            )
             if refused is not None:
                 raise refused
     finally:
@@ -141,6 +176,10 @@ async def _apply_child(client: KubeClient, cache: ChildCache, obj: Obj, live: Li
     if resize:
         return None
     return "created" if current is None else "updated"
+
+
+def _unserved_route(obj: Obj, outcome: object) -> bool:
+    return obj["kind"] in ROUTE_KINDS and isinstance(outcome, KubeError) and outcome.status == 404
 
 
 def _letting_go_of_replicas(obj: Obj, live: Obj) -> bool:

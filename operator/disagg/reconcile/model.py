@@ -54,11 +54,13 @@ from disagg.rollout import unobserved
 from disagg.status import (
     MEMORY_KEY,
     Observed,
+    ObservedRoute,
     ScalingRecord,
     compute_status,
     invalid_status,
     memory_age,
     previous_status,
+    route_events,
     status_patch,
     worth_writing,
 )
@@ -94,6 +96,34 @@ class Outcome:
     None when the pass ended before it could say (a refused apply keeps them)."""
     slo: SloReport | None = None
     """This pass's evaluation, as the operator's metrics export it (None: none was due)."""
+
+
+def _unserved(routes: list[Obj]) -> str | None:
+    """Why routes could not be created: the cluster does not serve their API."""
+    if not routes:
+        return None
+    kinds = ", ".join(sorted({f"{o['apiVersion']} {o['kind']}" for o in routes}))
+    return (
+        f"the cluster does not serve {kinds}: install the Gateway API CRDs "
+        "(gateway.networking.k8s.io, standard channel); the model serves in-cluster meanwhile"
+    )
+
+
+def _route(model: DisaggregatedModel, live: Live, problem: str | None) -> ObservedRoute | None:
+    """What the model's HTTPRoute is (live, with its Gateways' verdicts), when it wants one."""
+    gateway = model.spec.gateway
+    if gateway is None or not model.spec.router.enabled:
+        return None
+    name = child_name(model.metadata.name, "router")
+    return ObservedRoute(
+        name=name,
+        parents=tuple(
+            (ref.namespace or model.metadata.namespace, ref.name, ref.section_name)
+            for ref in gateway.parent_refs
+        ),
+        live=live.get(("HTTPRoute", name)),
+        unavailable=problem,
+    )
 
 
 def _already_degraded(
@@ -190,9 +220,10 @@ class Reconciler:
             prometheus_url=self.prometheus_url, images=self.images,
         )  # fmt: skip
         desired = render_all(ctx)
+        unserved: list[Obj] = []
         try:
             applied = await apply_children(
-                self.client, self.cache, desired, live, self.recorder, body
+                self.client, self.cache, desired, live, self.recorder, body, unserved
             )
         except KubeError as error:
             return await self._refused(body, previous, generation, now, error)
@@ -211,6 +242,7 @@ class Reconciler:
             router_endpoint=router_endpoint(ctx),
             autoscaling_enabled=model.spec.autoscaling.enabled,
             autoscaling_mode=model.spec.autoscaling.mode,
+            route=_route(model, live, _unserved(unserved)),
             scaling=self._record(model, evaluation),
             memory=state.saved if (state := self.scalers.get((namespace, name))) else None,
         )
@@ -220,6 +252,8 @@ class Reconciler:
             previous, degraded.reason, generation
         ):
             await self.recorder.warning(body, degraded.reason, degraded.message)
+        for event in route_events(previous, status):
+            await self._post(body, event)
         if evaluation is not None:
             written = body.get("status") or {}
             before = written.get("conditions") or []

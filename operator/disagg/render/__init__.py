@@ -7,6 +7,7 @@ objects in the same order, so ``disagg render`` output is byte-identical across 
 from __future__ import annotations
 
 from disagg.render.common import Manifest, RenderContext, owner_references
+from disagg.render.gateway import render_http_route
 from disagg.render.router import render_router_deployment, render_router_rbac, router_endpoint
 from disagg.render.scaling import render_scaler
 from disagg.render.services import render_pdb, render_pool_service, render_router_service
@@ -35,6 +36,9 @@ def render_all(ctx: RenderContext) -> list[Manifest]:
     autoscaling = spec.autoscaling
     if autoscaling.enabled and autoscaling.mode == "external":
         objects += [render_scaler(ctx, role) for role in spec.roles]
+    route = render_http_route(ctx)
+    if route is not None:
+        objects.append(route)
     return objects
 
 
