@@ -312,6 +312,18 @@ BROKEN += [
         {"router": {"enabled": False}, "gateway": {"parentRefs": [{"name": "edge"}]}},
     ),
     (
+        "router.kind inferencePool is reached through a Gateway",
+        {"router": {"kind": "inferencePool"}},
+    ),
+    (
+        "router.kind inferencePool needs mode disaggregated",
+        {
+            "router": {"kind": "inferencePool"},
+            "gateway": {"parentRefs": [{"name": "edge"}]},
+            "runtime": {"kvConnector": "mooncake"},
+        },
+    ),
+    (
         "path must not contain '//'",
         {"gateway": {"parentRefs": [{"name": "edge"}], "path": "/v1//chat"}},
     ),

@@ -26,14 +26,22 @@ MODEL = "qwen-gateway"
 ROUTE = f"{MODEL}-router"
 
 
+INFERENCE_CRDS = CACHE / "crds" / "inference-extension"
+
+
 @pytest.fixture
 def gateway_api(kube: Kube) -> Iterator[None]:
-    if not (GATEWAY_CRDS / "gateway.networking.k8s.io_httproutes.yaml").exists():
-        pytest.fail(f"the Gateway API CRDs are missing at {GATEWAY_CRDS}: run `make binaries`")
-    kube.run("apply", "--server-side", "-f", str(GATEWAY_CRDS.resolve()))
+    for crds, first in ((GATEWAY_CRDS, "gateway.networking.k8s.io_httproutes.yaml"),
+                        (INFERENCE_CRDS, "inference.networking.k8s.io_inferencepools.yaml")):  # fmt: skip
+        if not (crds / first).exists():
+            pytest.fail(f"{first} is missing in {crds}: run `make binaries`")
+        kube.run("apply", "--server-side", "-f", str(crds.resolve()))
     kube.wait_established("httproutes.gateway.networking.k8s.io")
+    kube.wait_established("inferencepools.inference.networking.k8s.io")
     yield
-    kube.run("delete", "-f", str(GATEWAY_CRDS.resolve()), "--wait=false", check=False)
+    # Gone before the next test: one installing them again must not meet them terminating.
+    for crds in (GATEWAY_CRDS, INFERENCE_CRDS):
+        kube.run("delete", "-f", str(crds.resolve()), "--wait=true", "--timeout=60s", check=False)
 
 
 def _model(behind_gateway: bool = True) -> str:
@@ -148,10 +156,63 @@ def test_the_route_is_accepted_by_the_api_server_reported_and_pruned(
         operator.stop()
 
 
+def test_an_inference_pool_is_accepted_converges_and_a_switch_back_prunes_it(
+    kube: Kube, gateway_api: None, namespace: str
+) -> None:
+    manifest = example("inference-pool")
+    operator = scoped_operator(kube, namespace, "inference-pool")
+    try:
+        kube.apply(yaml.safe_dump(manifest), namespace)
+        pool = wait_for(
+            "the InferencePool", lambda: kube.get("inferencepool", "qwen-pool", namespace), 60
+        )
+        assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+        route = wait_for(
+            "the HTTPRoute", lambda: kube.get("httproute", "qwen-pool-router", namespace), 60
+        )
+        backend = route["spec"]["rules"][0]["backendRefs"][0]
+        assert (backend["kind"], backend["name"]) == ("InferencePool", "qwen-pool")
+        # kwok runs every pod, the picker and the sidecar'd decode engine included.
+        ready = wait_for(
+            "Ready",
+            lambda: (
+                (c := condition(kube.get("dm", "qwen-pool", namespace), "Ready"))
+                and c["status"] == "True"
+                and c
+            ),
+            120,
+        )
+        assert "router" in ready["message"]
+        decode = kube.get("deployment", "qwen-pool-decode", namespace)
+        assert decode is not None
+        sidecars = decode["spec"]["template"]["spec"]["initContainers"]
+        assert [c["name"] for c in sidecars] == ["routing-sidecar"]
+
+        manifest["spec"]["router"] = {"kind": "builtin"}
+        kube.apply(yaml.safe_dump(manifest), namespace)
+        wait_for(
+            "the InferencePool pruned",
+            lambda: kube.get("inferencepool", "qwen-pool", namespace) is None,
+            60,
+        )
+        wait_for(
+            "the route back on the router Service",
+            lambda: (
+                (kube.get("httproute", "qwen-pool-router", namespace) or {})["spec"]["rules"][0][
+                    "backendRefs"
+                ][0].get("kind")
+                == "Service"
+            ),
+            60,
+        )
+    finally:
+        operator.stop()
+
+
 def test_without_the_gateway_api_the_model_degrades_and_its_engines_run(
     kube: Kube, namespace: str
 ) -> None:
-    # The CRDs are gone (the test above removes them): applying the route answers 404.
+    # The CRDs are gone (the tests above remove them): applying the route answers 404.
     kube.run(
         "wait", "--for=delete", "crd/httproutes.gateway.networking.k8s.io", "--timeout=60s",
         check=False,

@@ -616,3 +616,44 @@ async def test_a_model_behind_a_gateway_serves_without_the_gateway_api_and_repor
     outcome = await world.reconcile()
     assert outcome.pruned == 1 and world.kube.stored("HTTPRoute", NS, route_name) is None
     assert "gateway" not in world.model()["status"]
+
+
+async def test_an_inference_pool_model_degrades_without_the_extension_and_a_switch_back_prunes_the_pool() -> (
+    None
+):
+    manifest = load_example("minimal")
+    manifest["spec"]["gateway"] = {"parentRefs": [{"name": "edge"}]}
+    manifest["spec"]["router"] = {"kind": "inferencePool"}
+    world = World(manifest)
+    world.kube.fail_next(
+        "InferencePool", "apply", 404, "the server could not find the requested resource"
+    )
+    outcome = await world.reconcile()
+    assert not outcome.invalid
+    degraded = world.condition("Degraded")
+    assert degraded["reason"] == "GatewayAPIUnavailable"
+    assert "inference.networking.k8s.io/v1 InferencePool" in degraded["message"]
+    assert "Inference Extension" in degraded["message"]
+    assert world.kube.stored("HTTPRoute", NS, f"{NAME}-router") is not None  # its API is served
+    picker = world.deployment("router")["spec"]["template"]["spec"]["containers"][0]
+    assert picker["name"] == "epp"
+    await world.reconcile()
+    assert world.kube.stored("InferencePool", NS, NAME) is not None
+    assert world.condition("Degraded")["status"] == "False"
+    assert world.model()["status"]["router"].get("endpoint") is None  # no OpenAI API in-cluster
+    # Back to the builtin router: the pool goes, the router and its Service come back.
+    obj = world.model()
+    obj["spec"]["router"] = {"kind": "builtin"}
+    obj["metadata"]["generation"] += 1
+    world.kube.put(obj)
+    outcome = await world.reconcile()
+    assert world.kube.stored("InferencePool", NS, NAME) is None
+    assert (
+        world.deployment("router")["spec"]["template"]["spec"]["containers"][0]["name"] == "router"
+    )
+    assert "initContainers" not in world.deployment("decode")["spec"]["template"]["spec"]
+    route = world.kube.stored("HTTPRoute", NS, f"{NAME}-router")
+    assert (
+        route is not None
+        and route["spec"]["rules"][0]["backendRefs"][0]["name"] == f"{NAME}-router"
+    )

@@ -594,3 +594,50 @@ def test_a_model_behind_a_gateway_gets_an_httproute_to_its_router() -> None:
     without = load_example("behind-gateway")
     del without["spec"]["gateway"]
     assert not [o for o in _render(without) if o["kind"] == "HTTPRoute"]
+
+
+def test_an_inference_pool_model_is_served_by_llm_ds_picker_and_sidecar() -> None:
+    import yaml
+
+    objects = _render(load_example("inference-pool"))
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds.count("InferencePool") == 1 and kinds.count("HTTPRoute") == 1
+    pool = _get(objects, "InferencePool", "qwen-pool")["spec"]
+    assert pool["targetPorts"] == [{"number": 8000}]
+    assert pool["endpointPickerRef"]["name"] == "qwen-pool-router"
+    assert pool["endpointPickerRef"]["port"] == {"number": 9002}
+    # It selects the engine pods, each labelled with its role as llm-d's filters read it, and
+    # not the picker's own pod.
+    selector = pool["selector"]["matchLabels"]
+    for role in ("prefill", "decode"):
+        pod = _get(objects, "Deployment", f"qwen-pool-{role}")["spec"]["template"]["metadata"]
+        assert selector.items() <= pod["labels"].items()
+        assert pod["labels"]["llm-d.ai/role"] == role
+    picker = _get(objects, "Deployment", "qwen-pool-router")["spec"]["template"]
+    assert not selector.items() <= picker["metadata"]["labels"].items()
+    (epp,) = picker["spec"]["containers"]
+    assert epp["image"] == "ghcr.io/llm-d/llm-d-inference-scheduler:v0.4.0"
+    assert _flag(epp["args"], "--pool-name") == "qwen-pool"
+    config = yaml.safe_load(_flag(epp["args"], "--config-text") or "")
+    (handler,) = [p for p in config["plugins"] if p["type"] == "pd-profile-handler"]
+    assert handler["parameters"]["threshold"] == 256 * 4  # bytes of prompt text
+    assert {p["name"] for p in config["schedulingProfiles"]} == {"prefill", "decode"}
+    # The sidecar takes the serving port in front of decode; the engine moves behind it.
+    decode = _get(objects, "Deployment", "qwen-pool-decode")["spec"]["template"]["spec"]
+    (sidecar,) = decode["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    assert "--port=8000" in sidecar["args"] and "--vllm-port=8200" in sidecar["args"]
+    assert "--connector=nixlv2" in sidecar["args"]
+    assert _flag(_engine(objects, "qwen-pool-decode")["args"], "--port") == "8200"
+    assert _flag(_engine(objects, "qwen-pool-prefill")["args"], "--port") == "8000"
+    assert (
+        "initContainers"
+        not in _get(objects, "Deployment", "qwen-pool-prefill")["spec"]["template"]["spec"]
+    )
+    # No builtin router: its Service is the picker's gRPC port, the route goes to the pool.
+    service = _get(objects, "Service", "qwen-pool-router")["spec"]["ports"]
+    assert [p["port"] for p in service] == [9002]
+    route = _get(objects, "HTTPRoute", "qwen-pool-router")["spec"]["rules"][0]
+    assert route["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "qwen-pool"}
+    ]

@@ -106,6 +106,30 @@ if [[ "$want" == all || "$want" == gateway-api ]]; then
   ln -sfn "$dir" "$cache/crds/gateway-api"
   echo "build-binaries: the Gateway API's CRDs are in $dir"
 fi
+if [[ "$want" == all || "$want" == inference-extension ]]; then
+  # The Gateway API Inference Extension's CRDs (InferencePool v1, InferenceObjective), from its
+  # Go module at the version llm-d-inference-scheduler v0.4.0 builds on, so the e2e proves the
+  # API server accepts what router.kind inferencePool renders.
+  gie_version="$(cat "$here/inference-extension.version")"
+  dir="$cache/crds/inference-extension-$gie_version"
+  if [[ ! -f "$dir/.complete" ]]; then
+    echo "build-binaries: fetching the Inference Extension $gie_version's CRDs"
+    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
+      "sigs.k8s.io/gateway-api-inference-extension@$gie_version" \
+      | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+    crds="$src/config/crd/bases"
+    if [[ -z "$src" || ! -f "$crds/inference.networking.k8s.io_inferencepools.yaml" ]]; then
+      echo "build-binaries: the Inference Extension $gie_version's module has no InferencePool CRD" >&2
+      exit 1
+    fi
+    mkdir -p "$dir"
+    cp "$crds/inference.networking.k8s.io_inferencepools.yaml" \
+      "$crds/inference.networking.x-k8s.io_inferenceobjectives.yaml" "$dir/"
+    touch "$dir/.complete"
+  fi
+  ln -sfn "$dir" "$cache/crds/inference-extension"
+  echo "build-binaries: the Inference Extension's CRDs are in $dir"
+fi
 if [[ "$want" == all || "$want" == prometheus-operator ]]; then
   # The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor, PodMonitor), from its Go
   # module, so the e2e proves the API server accepts the chart's monitoring objects.

@@ -37,6 +37,12 @@ class DataPlaneImages:
         return f"{self.registry}/router:{self.tag}"
 
 
+LLM_D_VERSION: Final = "v0.4.0"
+"""llm-d-inference-scheduler, whose endpoint picker and routing sidecar serve a model with
+router.kind inferencePool (its release builds on the Inference Extension v1.2.0)."""
+LLM_D_EPP_IMAGE: Final = f"ghcr.io/llm-d/llm-d-inference-scheduler:{LLM_D_VERSION}"
+LLM_D_SIDECAR_IMAGE: Final = f"ghcr.io/llm-d/llm-d-routing-sidecar:{LLM_D_VERSION}"
+
 DEFAULT_IMAGES: Final = DataPlaneImages()
 DEFAULT_OPERATOR_IMAGE: Final = f"{IMAGE_REPOSITORY}/operator:{VERSION}"
 

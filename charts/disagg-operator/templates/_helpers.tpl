@@ -81,6 +81,15 @@ and shows that each removal breaks something.
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# spec.router.kind inferencePool: the model's InferencePool; get/list/watch on it and on
+# InferenceObjectives are also what the endpoint picker's Role grants, and Kubernetes only
+# lets the operator grant permissions it holds itself.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["inference.networking.x-k8s.io"]
+  resources: ["inferenceobjectives"]
+  verbs: ["get", "list", "watch"]
 # Pods: status (ready counts, Unschedulable). get/list/watch are also what the router Role
 # grants, and Kubernetes only lets the operator grant permissions it holds itself. patch: the
 # autoscaler sets controller.kubernetes.io/pod-deletion-cost on the least-loaded pods before a

@@ -60,10 +60,31 @@ class PrefillOffloadSpec(ApiModel):
     )
 
 
+RouterKind = Literal["builtin", "inferencePool"]
+
+
 class RouterSpec(ApiModel):
     """The OpenAI-compatible front door that sends each request to prefill, then decode."""
 
     enabled: bool = Field(default=True, description="Deploy the router.")
+    kind: RouterKind = Field(
+        default="builtin",
+        description="builtin: this project's router behind a ClusterIP Service. "
+        "inferencePool: the Gateway API Inference Extension's way, as llm-d serves P/D: an "
+        "InferencePool over the engine pods (labelled llm-d.ai/role), llm-d's endpoint "
+        "picker (llm-d-inference-scheduler v0.4.0, its P/D profile handler deciding by "
+        "prefillThresholdTokens) as the router, and llm-d's routing sidecar in front of "
+        "each decode engine; spec.gateway's HTTPRoute sends requests to the InferencePool. "
+        "Needs spec.gateway, the Inference Extension's CRDs (InferencePool v1, "
+        "InferenceObjective) and a Gateway that supports them. The router's policy, local "
+        "prefill and offload settings apply to the builtin router only.",
+    )
+    sidecar_image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="With kind inferencePool: the routing sidecar's image (llm-d's "
+        "llm-d-routing-sidecar v0.4.0 by default); `image` names the endpoint picker's.",
+    )
     replicas: int = Field(
         default=2,
         ge=0,
@@ -73,7 +94,11 @@ class RouterSpec(ApiModel):
         "the model reachable.",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Router HTTP port.")
-    image: str | None = Field(default=None, min_length=1, description="Router image override.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Router image override (with kind inferencePool, the endpoint picker's).",
+    )
     prefill_threshold_tokens: int = Field(
         default=256,
         ge=0,

@@ -300,6 +300,28 @@ class DisaggregatedModelSpec(ApiModel):
             field_path=".gateway",
         ),
         Rule(
+            cel="self.router.kind != 'inferencePool' || has(self.gateway)",
+            message="router.kind inferencePool is reached through a Gateway: set spec.gateway",
+            check=lambda spec: spec.router.kind != "inferencePool" or spec.gateway is not None,
+            field_path=".router.kind",
+        ),
+        Rule(
+            cel="self.router.kind != 'inferencePool' || (self.mode == 'disaggregated' && "
+            "(self.runtime.backend == 'sglang' || self.runtime.kvConnector != 'mooncake'))",
+            message="router.kind inferencePool needs mode disaggregated and a KV connector "
+            "llm-d's routing sidecar speaks: vLLM with nixl or lmcache, or SGLang",
+            check=lambda spec: (
+                spec.router.kind != "inferencePool"
+                or (
+                    spec.mode == "disaggregated"
+                    and (
+                        spec.runtime.backend == "sglang" or spec.runtime.kv_connector != "mooncake"
+                    )
+                )
+            ),
+            field_path=".router.kind",
+        ),
+        Rule(
             cel=f"{_COLOCATED} || !(self.runtime.kvConnector in {list(TP_RATIO_CONNECTORS)}) || "
             "(self.prefill.tensorParallelSize >= self.decode.tensorParallelSize ? "
             "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 : "

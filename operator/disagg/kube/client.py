@@ -43,6 +43,7 @@ RESOURCES: Final[dict[str, tuple[str, str]]] = {
     "HorizontalPodAutoscaler": ("/apis/autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": ("/apis/keda.sh/v1alpha1", "scaledobjects"),
     "HTTPRoute": ("/apis/gateway.networking.k8s.io/v1", "httproutes"),
+    "InferencePool": ("/apis/inference.networking.k8s.io/v1", "inferencepools"),
     "DisaggregatedModel": ("/apis/disagg.dev/v1alpha1", "disaggregatedmodels"),
 }
 CLUSTER_SCOPED: Final = frozenset({"Namespace"})

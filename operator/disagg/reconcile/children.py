@@ -36,10 +36,18 @@ CHILD_KINDS: Final = (
     "Deployment",
     "HorizontalPodAutoscaler",
     "ScaledObject",
+    "InferencePool",
     "HTTPRoute",
 )
 AFTER_PREREQUISITES: Final = frozenset(
-    {"RoleBinding", "Deployment", "HorizontalPodAutoscaler", "ScaledObject", "HTTPRoute"}
+    {
+        "RoleBinding",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "ScaledObject",
+        "InferencePool",
+        "HTTPRoute",
+    }
 )
 """Kinds applied once the ServiceAccounts and Roles of the same pass exist."""
 WATCHED_KINDS: Final = (*CHILD_KINDS, "Pod")
@@ -70,10 +78,10 @@ WAKE_VIEWS: Final[Mapping[str, Callable[[Obj], Obj]]] = {
 """Per kind, what a pass reads of it: a watch event that leaves that unchanged wakes nobody
 (the Deployment controller's bookkeeping, a PodDisruptionBudget's healthy counts, an HPA's
 metrics would cost a pass each). Pods have none: their readiness is what status reports."""
-OPTIONAL_KINDS: Final = frozenset({"ScaledObject", "HTTPRoute"})
-"""Kinds whose CRD may not be installed (KEDA, the Gateway API): a cluster without it has
-none of them."""
-ROUTE_KINDS: Final = frozenset({"HTTPRoute"})
+OPTIONAL_KINDS: Final = frozenset({"ScaledObject", "HTTPRoute", "InferencePool"})
+"""Kinds whose CRD may not be installed (KEDA, the Gateway API and its Inference Extension):
+a cluster without it has none of them."""
+ROUTE_KINDS: Final = frozenset({"HTTPRoute", "InferencePool"})
 """Kinds whose missing API degrades the model instead of refusing it: the engines and the
 in-cluster Service serve without them."""
 HANDOVER_MANAGER: Final = "disagg-handover"

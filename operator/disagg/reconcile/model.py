@@ -98,14 +98,23 @@ class Outcome:
     """This pass's evaluation, as the operator's metrics export it (None: none was due)."""
 
 
+INSTALL: Final = {
+    "HTTPRoute": "the Gateway API CRDs (gateway.networking.k8s.io, standard channel)",
+    "InferencePool": "the Gateway API Inference Extension's CRDs (InferencePool v1 and "
+    "InferenceObjective, v1.2.0 or later)",
+}
+"""What a cluster lacking each route kind's API needs installed."""
+
+
 def _unserved(routes: list[Obj]) -> str | None:
     """Why routes could not be created: the cluster does not serve their API."""
     if not routes:
         return None
-    kinds = ", ".join(sorted({f"{o['apiVersion']} {o['kind']}" for o in routes}))
+    kinds = sorted({(o["kind"], o["apiVersion"]) for o in routes})
+    served = ", ".join(f"{version} {kind}" for kind, version in kinds)
+    needed = " and ".join(INSTALL[kind] for kind, _ in kinds)
     return (
-        f"the cluster does not serve {kinds}: install the Gateway API CRDs "
-        "(gateway.networking.k8s.io, standard channel); the model serves in-cluster meanwhile"
+        f"the cluster does not serve {served}: install {needed}; the model's engines run meanwhile"
     )
 
 
@@ -239,7 +248,7 @@ class Reconciler:
             switching=switch.message,
             pods=pods,
             router_enabled=model.spec.router.enabled,
-            router_endpoint=router_endpoint(ctx),
+            router_endpoint=router_endpoint(ctx) if model.spec.router.kind == "builtin" else None,
             autoscaling_enabled=model.spec.autoscaling.enabled,
             autoscaling_mode=model.spec.autoscaling.mode,
             route=_route(model, live, _unserved(unserved)),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from disagg.render.common import Manifest, RenderContext, owner_references
 from disagg.render.gateway import render_http_route
+from disagg.render.inference_pool import render_epp, render_epp_deployment, render_inference_pool
 from disagg.render.router import render_router_deployment, render_router_rbac, router_endpoint
 from disagg.render.scaling import render_scaler
 from disagg.render.services import render_pdb, render_pool_service, render_router_service
@@ -21,21 +22,24 @@ def render_all(ctx: RenderContext) -> list[Manifest]:
     the pools of its mode (prefill and decode, or the colocated engine pool) and the router."""
     spec = ctx.model.spec
     router_on = spec.router.enabled
+    builtin = spec.router.kind == "builtin"
     objects: list[Manifest] = []
     if router_on:
-        objects += render_router_rbac(ctx)
+        objects += render_router_rbac(ctx) if builtin else render_epp(ctx)
     objects += [render_pool_service(ctx, role) for role in spec.roles]
-    if router_on:
+    if router_on and builtin:
         objects.append(render_router_service(ctx))
     objects += [render_pdb(ctx, role) for role in spec.roles]
     if router_on:
         objects.append(render_pdb(ctx, "router"))
     objects += [render_pool(ctx, role) for role in spec.roles]
     if router_on:
-        objects.append(render_router_deployment(ctx))
+        objects.append(render_router_deployment(ctx) if builtin else render_epp_deployment(ctx))
     autoscaling = spec.autoscaling
     if autoscaling.enabled and autoscaling.mode == "external":
         objects += [render_scaler(ctx, role) for role in spec.roles]
+    if router_on and not builtin:
+        objects.append(render_inference_pool(ctx))
     route = render_http_route(ctx)
     if route is not None:
         objects.append(route)

@@ -48,9 +48,25 @@ class EngineLaunch:
     pod_annotations: dict[str, str]
 
 
-def engine_port(spec: DisaggregatedModelSpec) -> int:
-    """The OpenAI-compatible HTTP port of the engine."""
+BEHIND_SIDECAR: Final = 200
+"""How far above its usual port a decode engine listens when llm-d's routing sidecar takes
+that port in front of it (router.kind inferencePool; llm-d's own manifests: 8000 and 8200)."""
+
+
+def serving_port(spec: DisaggregatedModelSpec) -> int:
+    """The port every engine pod of the model serves the OpenAI-compatible API on (the
+    engine's own, or the routing sidecar's in front of a decode engine)."""
     return VLLM_PORT if spec.runtime.backend == "vllm" else SGLANG_PORT
+
+
+def behind_sidecar(spec: DisaggregatedModelSpec, role: Role) -> bool:
+    """Whether llm-d's routing sidecar fronts this pool's engines."""
+    return spec.router.kind == "inferencePool" and role == "decode"
+
+
+def engine_port(spec: DisaggregatedModelSpec, role: Role) -> int:
+    """The HTTP port the engine itself listens on."""
+    return serving_port(spec) + (BEHIND_SIDECAR if behind_sidecar(spec, role) else 0)
 
 
 def model_argument(spec: DisaggregatedModelSpec) -> str:
@@ -95,7 +111,7 @@ def _vllm_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
     argv = [
         "vllm", "serve", model_argument(spec),
         "--host", "0.0.0.0",
-        "--port", str(VLLM_PORT),
+        "--port", str(engine_port(spec, role)),
         "--served-model-name", spec.served_name,
         "--tensor-parallel-size", str(pool.tensor_parallel_size),
     ]  # fmt: skip
@@ -134,7 +150,7 @@ def _sglang_argv(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
         "python3", "-m", "sglang.launch_server",
         "--model-path", model_argument(spec),
         "--host", "0.0.0.0",
-        "--port", str(SGLANG_PORT),
+        "--port", str(engine_port(spec, role)),
         "--served-model-name", spec.served_name,
         "--tp-size", str(pool.tensor_parallel_size),
     ]  # fmt: skip
@@ -223,7 +239,7 @@ def engine_launch(spec: DisaggregatedModelSpec, role: Role) -> EngineLaunch:
     """The argv, environment, ports and pod annotations of one pool's engine."""
     pool = spec.pool(role)
     vllm = spec.runtime.backend == "vllm"
-    port = engine_port(spec)
+    port = engine_port(spec, role)
     argv = _vllm_argv(spec, role) if vllm else _sglang_argv(spec, role)
     argv += [*spec.runtime.extra_args, *pool.extra_args]
     colocated = _colocated(role)

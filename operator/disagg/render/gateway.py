@@ -7,23 +7,30 @@ from typing import Final
 from disagg.api.gateway import GatewayParentReference
 from disagg.naming import child_name
 from disagg.render.common import Manifest, RenderContext, object_meta
+from disagg.render.inference_pool import EXTENSION_GROUP
 
 GATEWAY_API: Final = "gateway.networking.k8s.io/v1"
 
 
 def render_http_route(ctx: RenderContext) -> Manifest | None:
     """The HTTPRoute of ``spec.gateway`` (None when unset): every request under its path,
-    on its hostnames, to the router Service's port, path unchanged."""
+    on its hostnames, to the router Service's port (or, with router.kind inferencePool, to
+    the model's InferencePool), path unchanged."""
     spec = ctx.model.spec
     gateway = spec.gateway
     if gateway is None or not spec.router.enabled:
         return None
+    backend: Manifest = (
+        {"name": child_name(ctx.name, "router"), "port": spec.router.port}
+        if spec.router.kind == "builtin"
+        else {"group": EXTENSION_GROUP, "kind": "InferencePool", "name": ctx.name}
+    )
     route: Manifest = {
         "parentRefs": [_parent(ref) for ref in gateway.parent_refs],
         "rules": [
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": gateway.path}}],
-                "backendRefs": [{"name": child_name(ctx.name, "router"), "port": spec.router.port}],
+                "backendRefs": [backend],
             }
         ],
     }

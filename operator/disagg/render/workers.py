@@ -9,7 +9,8 @@ from disagg.api.base import ApiModel
 from disagg.api.spec import DisaggregatedModelSpec, RdmaSpec, Role
 from disagg.naming import MULTUS_ANNOTATION, child_name, labels, selector_labels
 from disagg.render.common import Manifest, RenderContext, image_pull_secrets, object_meta
-from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, engine_launch
+from disagg.render.engine_args import MODEL_MOUNT, EngineLaunch, behind_sidecar, engine_launch
+from disagg.render.inference_pool import pool_pod_labels, routing_sidecar
 from disagg.versions import DEFAULT_IMAGES, DataPlaneImages
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -178,7 +179,15 @@ def render_pool(ctx: RenderContext, role: Role) -> Manifest:
         ]
     if pool.priority_class_name:
         pod_spec["priorityClassName"] = pool.priority_class_name
-    template_meta: Manifest = {"labels": {**settings.labels, **labels(ctx.name, role)}}
+    if behind_sidecar(spec, role):
+        pod_spec["initContainers"] = [routing_sidecar(spec, pool.data_parallel_size)]
+    template_meta: Manifest = {
+        "labels": {
+            **settings.labels,
+            **pool_pod_labels(spec, ctx.name, role),
+            **labels(ctx.name, role),
+        }
+    }
     annotations = {**settings.annotations, **_pod_annotations(spec, role, launch)}
     if annotations:
         template_meta["annotations"] = annotations
