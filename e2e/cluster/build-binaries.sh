@@ -63,95 +63,57 @@ if [[ "$want" == all || "$want" == k8s ]]; then
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 fi
-if [[ "$want" == all || "$want" == keda ]]; then
-  # KEDA's own ScaledObject CRD, from its Go module (fetched like the Kubernetes sources), so
-  # the external-mode e2e proves the API server accepts what the operator renders.
-  keda_version="$(cat "$here/keda.version")"
-  dir="$cache/crds/keda-$keda_version"
+# CRDs of the APIs the operator renders objects of, each from its project's Go module at the
+# version pinned in e2e/cluster/<name>.version (fetched like the Kubernetes sources), so the
+# e2e proves the API server accepts what the operator renders: fetch_crds NAME LABEL MODULE
+# DIRECTORY FILE... (the first FILE must be there).
+fetch_crds() {
+  local name="$1" label="$2" module="$3" subdir="$4"
+  shift 4
+  local version dir src
+  version="$(cat "$here/$name.version")"
+  dir="$cache/crds/$name-$version"
   if [[ ! -f "$dir/.complete" ]]; then
-    echo "build-binaries: fetching KEDA $keda_version's CRDs"
+    echo "build-binaries: fetching $label $version's CRDs"
     src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
-      "github.com/kedacore/keda/v2@$keda_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
-    if [[ -z "$src" || ! -f "$src/config/crd/bases/keda.sh_scaledobjects.yaml" ]]; then
-      echo "build-binaries: KEDA $keda_version's module has no ScaledObject CRD" >&2
+      "$module@$version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+    if [[ -z "$src" || ! -f "$src/$subdir/$1" ]]; then
+      echo "build-binaries: $label $version's module has no $subdir/$1" >&2
       exit 1
     fi
     mkdir -p "$dir"
-    cp "$src/config/crd/bases/keda.sh_scaledobjects.yaml" "$dir/"
+    for file in "$@"; do
+      cp "$src/$subdir/$file" "$dir/"
+    done
     touch "$dir/.complete"
   fi
-  ln -sfn "$dir" "$cache/crds/keda"
-  echo "build-binaries: KEDA's CRDs are in $dir"
+  ln -sfn "$dir" "$cache/crds/$name"
+  echo "build-binaries: $label's CRDs are in $dir"
+}
+if [[ "$want" == all || "$want" == keda ]]; then
+  # KEDA's ScaledObject: spec.autoscaling.mode external.
+  fetch_crds keda KEDA github.com/kedacore/keda/v2 config/crd/bases keda.sh_scaledobjects.yaml
 fi
 if [[ "$want" == all || "$want" == gateway-api ]]; then
-  # The Gateway API's standard-channel CRDs (HTTPRoute, Gateway, GatewayClass), from its Go
-  # module, so the e2e proves the API server accepts the route a spec.gateway renders.
-  gateway_version="$(cat "$here/gateway-api.version")"
-  dir="$cache/crds/gateway-api-$gateway_version"
-  if [[ ! -f "$dir/.complete" ]]; then
-    echo "build-binaries: fetching the Gateway API $gateway_version's CRDs"
-    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
-      "sigs.k8s.io/gateway-api@$gateway_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
-    crds="$src/config/crd/standard"
-    if [[ -z "$src" || ! -f "$crds/gateway.networking.k8s.io_httproutes.yaml" ]]; then
-      echo "build-binaries: the Gateway API $gateway_version's module has no HTTPRoute CRD" >&2
-      exit 1
-    fi
-    mkdir -p "$dir"
-    for kind in httproutes gateways gatewayclasses; do
-      cp "$crds/gateway.networking.k8s.io_$kind.yaml" "$dir/"
-    done
-    touch "$dir/.complete"
-  fi
-  ln -sfn "$dir" "$cache/crds/gateway-api"
-  echo "build-binaries: the Gateway API's CRDs are in $dir"
+  # The Gateway API's standard channel: spec.gateway's HTTPRoute.
+  fetch_crds gateway-api "the Gateway API" sigs.k8s.io/gateway-api config/crd/standard \
+    gateway.networking.k8s.io_httproutes.yaml gateway.networking.k8s.io_gateways.yaml \
+    gateway.networking.k8s.io_gatewayclasses.yaml
 fi
 if [[ "$want" == all || "$want" == inference-extension ]]; then
-  # The Gateway API Inference Extension's CRDs (InferencePool v1, InferenceObjective), from its
-  # Go module at the version llm-d-inference-scheduler v0.4.0 builds on, so the e2e proves the
-  # API server accepts what router.kind inferencePool renders.
-  gie_version="$(cat "$here/inference-extension.version")"
-  dir="$cache/crds/inference-extension-$gie_version"
-  if [[ ! -f "$dir/.complete" ]]; then
-    echo "build-binaries: fetching the Inference Extension $gie_version's CRDs"
-    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
-      "sigs.k8s.io/gateway-api-inference-extension@$gie_version" \
-      | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
-    crds="$src/config/crd/bases"
-    if [[ -z "$src" || ! -f "$crds/inference.networking.k8s.io_inferencepools.yaml" ]]; then
-      echo "build-binaries: the Inference Extension $gie_version's module has no InferencePool CRD" >&2
-      exit 1
-    fi
-    mkdir -p "$dir"
-    cp "$crds/inference.networking.k8s.io_inferencepools.yaml" \
-      "$crds/inference.networking.x-k8s.io_inferenceobjectives.yaml" "$dir/"
-    touch "$dir/.complete"
-  fi
-  ln -sfn "$dir" "$cache/crds/inference-extension"
-  echo "build-binaries: the Inference Extension's CRDs are in $dir"
+  # The Inference Extension at the version llm-d-inference-scheduler v0.4.0 builds on:
+  # router.kind inferencePool's InferencePool (and the InferenceObjective its picker watches).
+  fetch_crds inference-extension "the Inference Extension" \
+    sigs.k8s.io/gateway-api-inference-extension config/crd/bases \
+    inference.networking.k8s.io_inferencepools.yaml \
+    inference.networking.x-k8s.io_inferenceobjectives.yaml
 fi
 if [[ "$want" == all || "$want" == prometheus-operator ]]; then
-  # The Prometheus Operator's CRDs (PrometheusRule, ServiceMonitor, PodMonitor), from its Go
-  # module, so the e2e proves the API server accepts the chart's monitoring objects.
-  po_version="$(cat "$here/prometheus-operator.version")"
-  dir="$cache/crds/prometheus-operator-$po_version"
-  if [[ ! -f "$dir/.complete" ]]; then
-    echo "build-binaries: fetching the Prometheus Operator $po_version's CRDs"
-    src="$(cd "$cache" && GOFLAGS=-mod=mod GO111MODULE=on go mod download -json \
-      "github.com/prometheus-operator/prometheus-operator@$po_version" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
-    crds="$src/example/prometheus-operator-crd"
-    if [[ -z "$src" || ! -f "$crds/monitoring.coreos.com_prometheusrules.yaml" ]]; then
-      echo "build-binaries: the Prometheus Operator $po_version's module has no CRDs" >&2
-      exit 1
-    fi
-    mkdir -p "$dir"
-    for kind in prometheusrules servicemonitors podmonitors; do
-      cp "$crds/monitoring.coreos.com_$kind.yaml" "$dir/"
-    done
-    touch "$dir/.complete"
-  fi
-  ln -sfn "$dir" "$cache/crds/prometheus-operator"
-  echo "build-binaries: the Prometheus Operator's CRDs are in $dir"
+  # PrometheusRule, ServiceMonitor and PodMonitor: the chart's monitoring objects.
+  fetch_crds prometheus-operator "the Prometheus Operator" \
+    github.com/prometheus-operator/prometheus-operator example/prometheus-operator-crd \
+    monitoring.coreos.com_prometheusrules.yaml monitoring.coreos.com_servicemonitors.yaml \
+    monitoring.coreos.com_podmonitors.yaml
 fi
 if [[ "$want" == all || "$want" == helm ]] && [[ -d "$here/helm" ]]; then
   # As Helm's own Makefile does: stamp its version, and the Kubernetes version it renders for
