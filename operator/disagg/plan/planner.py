@@ -259,31 +259,41 @@ def _size_promising(
                 tried.add(shape)
                 extra += 1
     sizings = sizings + run(runners_up) if runners_up else sizings
-    # Every shape is judged by one goal: a mode whose shapes were searched for lower goals
-    # (their own ceilings'), none meeting the plan's, has its closest one searched again for
-    # it, from the size it found, if it could still serve that many requests.
+    measured = {g.candidate: g.measured for g in [*first, *runners_up]}
+    return _searched_for_one_goal(context, sizings, measured, executor, bar)
+
+
+def _searched_for_one_goal(
+    context: Context,
+    sizings: list[Sizing],
+    measured: dict[Candidate, Profile],
+    executor: Executor | None,
+    bar: Bar,
+) -> list[Sizing]:
+    """Every shape is judged by one goal: a mode whose shapes were searched for lower goals
+    (their own ceilings'), none meeting the plan's, has its closest one searched again for
+    it, from the size it found, if it could still serve that many requests."""
     goal = max(s.goal for s in sizings)
     behind: list[int] = []
-    for mode in ranked:
+    for mode in FINALISTS:
         of_mode = [i for i, s in enumerate(sizings) if s.candidate.mode == mode]
         if any(sizings[i].estimate.attainment >= goal for i in of_mode):
             continue
         closest = max(of_mode, key=lambda i: sizings[i].estimate.attainment, default=None)
         if closest is not None and _could_reach(sizings[closest], goal):
             behind.append(closest)
-    if behind:
-        measured = {g.candidate: g.measured for g in [*first, *runners_up]}
+    if not behind:
+        return sizings
 
-        def again(i: int) -> Sizing:
-            behind_by = sizings[i]
-            return size(
-                context, measured[behind_by.candidate], executor, bar, behind_by.sizes, goal
-            )
+    def again(i: int) -> Sizing:
+        found = sizings[i]
+        return size(context, measured[found.candidate], executor, bar, found.sizes, goal)
 
-        with ThreadPoolExecutor(max_workers=len(behind)) as threads:
-            for i, sizing in zip(behind, threads.map(again, behind), strict=True):
-                sizings[i] = sizing
-    return sizings
+    searched = list(sizings)
+    with ThreadPoolExecutor(max_workers=len(behind)) as threads:
+        for i, sizing in zip(behind, threads.map(again, behind), strict=True):
+            searched[i] = sizing
+    return searched
 
 
 def _could_reach(sizing: Sizing, goal: float) -> bool:
