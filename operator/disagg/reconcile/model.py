@@ -248,7 +248,7 @@ class Reconciler:
             switching=switch.message,
             pods=pods,
             router_enabled=model.spec.router.enabled,
-            router_endpoint=router_endpoint(ctx) if model.spec.router.kind == "builtin" else None,
+            router_endpoint=router_endpoint(ctx),
             autoscaling_enabled=model.spec.autoscaling.enabled,
             autoscaling_mode=model.spec.autoscaling.mode,
             route=_route(model, live, _unserved(unserved)),

@@ -18,8 +18,12 @@ _DEFAULT_RESOURCES: Final[Manifest] = {
 }
 
 
-def router_endpoint(ctx: RenderContext) -> str:
-    """In-cluster base URL of the model's OpenAI-compatible API."""
+def router_endpoint(ctx: RenderContext) -> str | None:
+    """In-cluster base URL of the model's OpenAI-compatible API; None with router.kind
+    inferencePool, whose router Service is the endpoint picker's gRPC port (the API is
+    reached through the Gateway)."""
+    if ctx.model.spec.router.kind != "builtin":
+        return None
     port = ctx.model.spec.router.port
     return f"http://{child_name(ctx.name, 'router')}.{ctx.namespace}.svc:{port}/v1"
 
