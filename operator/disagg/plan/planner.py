@@ -299,8 +299,7 @@ def _searched_for_one_goal(
 def _could_reach(sizing: Sizing, goal: float) -> bool:
     """Whether a shape might still serve ``goal`` of the requests at some size: no measured
     ceiling below it, and enough requests it can serve at all."""
-    reach = 1 - sizing.unreachable / max(1, sizing.requests)
-    return reach >= goal and (sizing.ceiling is None or sizing.ceiling >= goal)
+    return sizing.reachable >= goal and (sizing.ceiling is None or sizing.ceiling >= goal)
 
 
 def _option(request: PlanRequest, sizing: Sizing, goal: float) -> Option:

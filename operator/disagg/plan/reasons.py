@@ -66,7 +66,7 @@ def ceilings_reason(sized: list[Option], goal: float) -> str:
         ceiling = (
             f"ceiling {sizing.ceiling:.1%}"
             if sizing.ceiling is not None
-            else f"ceiling at most {1 - sizing.unreachable / max(1, sizing.requests):.1%}"
+            else f"ceiling at most {sizing.reachable:.1%}"
         )
         mark = "" if option.reaches_goal else ", short"
         parts.append(

@@ -87,6 +87,11 @@ class Sizing:
         return self.candidate.gpus(self.sizes)
 
     @property
+    def reachable(self) -> float:
+        """The share of the trace's requests any size of this shape could serve."""
+        return 1 - self.unreachable / max(1, self.requests)
+
+    @property
     def goodput_per_gpu(self) -> float:
         """Requests/s meeting both SLOs over the trace, per GPU."""
         good = self.estimate.attainment * self.requests
@@ -105,7 +110,7 @@ class Profile:
     @property
     def reachable(self) -> float:
         """The share of requests any size of this shape could serve."""
-        return self.ok.count(True) / max(1, len(self.ok))
+        return _served_share(self.ok)
 
     @property
     def guess(self) -> dict[PoolName, int]:
@@ -279,12 +284,15 @@ def _heaviest(load: list[float], count: int) -> list[int]:
     return sorted(range(len(load)), key=lambda w: -load[w])[:count]
 
 
+def _served_share(ok: list[bool]) -> float:
+    """The share of requests a shape could serve at all (``ok``: each request's verdict)."""
+    return ok.count(True) / max(1, len(ok))
+
+
 def _first_goal(evaluator: Evaluator, floor: float) -> float:
     """The target, or half a point under the share of requests the shape can serve at all
     (its ceiling is measured only if that proves too high), or ``floor`` if higher."""
-    ok = evaluator.ok
-    reach = ok.count(True) / max(1, len(ok))
-    return min(evaluator.context.target, max(floor, reach - MARGIN))
+    return min(evaluator.context.target, max(floor, _served_share(evaluator.ok) - MARGIN))
 
 
 def _search(
@@ -295,8 +303,7 @@ def _search(
     pool down while it is still met."""
     pools = evaluator.candidate.pools
     cap = _cap(start)
-    ok = evaluator.ok
-    reach = ok.count(True) / max(1, len(ok))
+    reach = _served_share(evaluator.ok)
     goal = _first_goal(evaluator, floor)
     ceiling: float | None = None
     sizes = dict(start)
