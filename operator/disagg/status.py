@@ -264,16 +264,16 @@ def gateway_status(route: ObservedRoute | None) -> GatewayStatus | None:
     route's status (matched by namespace, name and listener; Unknown until it has)."""
     if route is None:
         return None
-    if route.live is None:
-        return GatewayStatus(route=None, parents=[_verdict(p, None) for p in route.parents])
-    namespace = route.live["metadata"].get("namespace", "")
+    live = route.live or {}
+    namespace = live.get("metadata", {}).get("namespace", "")
     verdicts: dict[tuple[str, str, str | None], list[Obj]] = {}
-    for entry in (route.live.get("status") or {}).get("parents") or []:
+    for entry in (live.get("status") or {}).get("parents") or []:
         ref = entry.get("parentRef") or {}
         key = (ref.get("namespace") or namespace, ref.get("name", ""), ref.get("sectionName"))
         verdicts.setdefault(key, entry.get("conditions") or [])
     return GatewayStatus(
-        route=route.name, parents=[_verdict(p, verdicts.get(p)) for p in route.parents]
+        route=route.name if route.live is not None else None,
+        parents=[_verdict(p, verdicts.get(p)) for p in route.parents],
     )
 
 

@@ -133,21 +133,16 @@ async def apply_children(
             verbs = await asyncio.gather(
                 *(_apply_child(client, cache, obj, live) for obj in wave), return_exceptions=True
             )
+            refused: list[BaseException] = []
             for obj, verb in zip(wave, verbs, strict=True):
                 if isinstance(verb, str):
                     done[verb].append(named(obj))
                 elif unserved is not None and _unserved_route(obj, verb):
                     unserved.append(obj)
-            refused = next(
-                (
-                    v
-                    for obj, v in zip(wave, verbs, strict=True)
-                    if isinstance(v, BaseException) and obj not in (unserved or [])
-                ),
-                None,
-            )
-            if refused is not None:
-                raise refused
+                elif isinstance(verb, BaseException):
+                    refused.append(verb)
+            if refused:
+                raise refused[0]
     finally:
         # One Event per pass, not one per child (a new model is one change to the user), and
         # it names what was applied even when another child was refused.
